@@ -1,0 +1,31 @@
+"""What the scheduler hands to the latency model for one engine step."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+
+class BatchShape(NamedTuple):
+    """Aggregate shape of one scheduled step, as the profiled timing model sees it.
+
+    A scheduled entry with more than one token is a prefill chunk; exactly one token is a
+    decode (vLLM has no phases; this is the reference timing model's classification).
+    Hashable so lookups can be memoised.
+    """
+
+    total_tokens: int  # sum of scheduled tokens over all entries
+    num_seqs: int  # number of scheduled requests (lm_head / sampler rows)
+    prefill_tokens: int  # sum of prefill chunk sizes ("pc")
+    prefill_kv: int  # sum of tokens already computed before this step, prefill entries ("kp")
+    num_decode: int  # number of decode entries ("nd")
+    decode_kv_sum: int  # sum over decodes of tokens computed before this step
+    decode_kv_min: int  # 0 when num_decode == 0
+    decode_kv_max: int  # 0 when num_decode == 0
+
+
+class LatencyModel(Protocol):
+    """Prices one engine step. Implemented by ``profiles`` (measured or roofline bundles)."""
+
+    def iteration_ns(self, shape: BatchShape) -> int:
+        """Wall time of one forward step of this batch, integer nanoseconds."""
+        ...

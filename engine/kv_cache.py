@@ -1,0 +1,135 @@
+"""Per-instance KV cache manager (vLLM ``kv_cache_manager.py`` + the full-attention
+``single_type_kv_cache_manager.py``), one KV-cache group.
+
+It alone decides allocation; the block pool alone owns the ledger. Block tables are
+append-only while a request lives.
+"""
+
+from __future__ import annotations
+
+from engine.block_pool import BlockPool
+from engine.request import Request
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    __slots__ = (
+        "pool",
+        "block_size",
+        "max_model_len",
+        "enable_caching",
+        "req_blocks",
+        "num_cached_block",
+        "prefix_queries",
+        "prefix_hits",
+    )
+
+    def __init__(
+        self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool
+    ) -> None:
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.req_blocks: dict[int, list[int]] = {}
+        self.num_cached_block: dict[int, int] = {}
+        # vLLM PrefixCacheStats: recorded on every lookup (a request blocked across several
+        # passes is counted on each, as vLLM does).
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # -- lookup -----------------------------------------------------------------------
+    def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
+        """Longest run of cached full blocks, capped at ``num_tokens - 1`` tokens so the
+        last token is always recomputed (vLLM ``get_computed_blocks``). Touches nothing."""
+        if not self.enable_caching:
+            return [], 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        cached = self.pool.cached
+        hashes = req.block_hashes
+        for i in range(max_blocks):
+            ids = cached.get(hashes[i])
+            if not ids:
+                break
+            hits.append(ids[0])
+        n = len(hits) * self.block_size
+        self.prefix_queries += req.num_tokens
+        self.prefix_hits += n
+        return hits, n
+
+    # -- allocation ---------------------------------------------------------------------
+    def _num_blocks_to_allocate(
+        self, req: Request, need_slots: int, hit_blocks: list[int]
+    ) -> int:
+        held = self.req_blocks.get(req.index)
+        if held is not None and not hit_blocks:
+            return max(_cdiv(need_slots, self.block_size) - len(held), 0)
+        n_held = len(held) if held is not None else 0
+        n = max(_cdiv(need_slots, self.block_size) - (len(hit_blocks) + n_held), 0)
+        # Hit blocks sitting on the free list are taken off it by touch(): they use free
+        # capacity too (vLLM get_num_blocks_to_allocate).
+        ref = self.pool.ref_cnt
+        n += sum(1 for b in hit_blocks if ref[b] == 0)
+        return n
+
+    def can_fit_full_sequence(self, req: Request, hit_blocks: list[int]) -> bool:
+        """The ``scheduler_reserve_full_isl`` admission gate: blocks for the whole current
+        sequence (prompt plus earlier outputs; future outputs not reserved) must be free."""
+        need = min(req.num_tokens, self.max_model_len)
+        return self._num_blocks_to_allocate(req, need, hit_blocks) <= self.pool.num_free
+
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        hit_blocks: list[int] | None = None,
+    ) -> bool:
+        """Reserve slots for ``num_new_tokens`` more tokens; False (and no change) if the
+        pool cannot supply them. Registers newly full blocks in the prefix cache at once
+        (schedule time), as vLLM does."""
+        hb = hit_blocks or []
+        total_computed = min(req.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
+        need_slots = min(total_computed + num_new_tokens, self.max_model_len)
+        n_alloc = self._num_blocks_to_allocate(req, need_slots, hb)
+        pool = self.pool
+        if n_alloc > pool.num_free:
+            return False
+        blocks = self.req_blocks.get(req.index)
+        if blocks is None:
+            blocks = self.req_blocks[req.index] = []
+            self.num_cached_block[req.index] = 0
+        if hb:
+            pool.touch(hb)
+            blocks.extend(hb)
+            self.num_cached_block[req.index] = len(blocks)
+        k = _cdiv(need_slots, self.block_size) - len(blocks)
+        if k > 0:
+            blocks.extend(pool.get_new_blocks(k))
+        if self.enable_caching:
+            self.cache_blocks(req, min(total_computed + num_new_tokens, req.num_tokens))
+        return True
+
+    def cache_blocks(self, req: Request, num_tokens: int) -> None:
+        """Register the request's full blocks up to ``num_tokens`` in the prefix cache."""
+        num_full = num_tokens // self.block_size
+        done = self.num_cached_block.get(req.index)
+        if done is None or num_full <= done:
+            return
+        self.pool.cache_full_blocks(self.req_blocks[req.index], req.block_hashes, done, num_full)
+        self.num_cached_block[req.index] = num_full
+
+    def free(self, req: Request) -> None:
+        """Release a request's blocks tail-first so its last block is evicted first."""
+        blocks = self.req_blocks.pop(req.index, None)
+        self.num_cached_block.pop(req.index, None)
+        if blocks:
+            blocks.reverse()
+            self.pool.free_blocks(blocks)
+
+    def usage(self) -> float:
+        return self.pool.usage()

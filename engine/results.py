@@ -1,0 +1,105 @@
+"""Simulation outputs: per-request records and a per-second time series."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.instance import StepLog
+from engine.memory import KVCapacity
+from engine.request import Request
+
+NS_PER_S = 1_000_000_000
+
+
+@dataclass(slots=True)
+class SimulationResult:
+    """What one simulation produced. ``requests`` has one row per request; ``timeseries`` one
+    row per simulated second (``t_s`` = end of the second, counted from the first arrival)."""
+
+    requests: pd.DataFrame
+    timeseries: pd.DataFrame
+    num_preemptions: int
+    prefix_hit_tokens: int
+    makespan_ns: int
+    kv_capacity: KVCapacity
+    wall_s: float
+    num_steps: int
+
+    def write(self, directory: str | Path, fmt: str = "parquet") -> list[Path]:
+        """Write ``requests`` and ``timeseries`` as Parquet (default) or CSV files."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, df in (("requests", self.requests), ("timeseries", self.timeseries)):
+            if fmt == "parquet":
+                p = out / f"{name}.parquet"
+                df.to_parquet(p, index=False)
+            elif fmt == "csv":
+                p = out / f"{name}.csv"
+                frame = df.copy()
+                if "token_times_ns" in frame:
+                    frame["token_times_ns"] = frame["token_times_ns"].map(
+                        lambda v: " ".join(map(str, v))
+                    )
+                frame.to_csv(p, index=False)
+            else:
+                raise ValueError(f"fmt={fmt!r}: use 'parquet' or 'csv'")
+            paths.append(p)
+        return paths
+
+
+def requests_frame(requests: list[Request]) -> pd.DataFrame:
+    arrival = np.fromiter((r.arrival_ns for r in requests), np.int64, len(requests))
+    first_sched = np.fromiter((r.first_scheduled_ns for r in requests), np.int64, len(requests))
+    return pd.DataFrame(
+        {
+            "request_id": [r.request_id for r in requests],
+            "arrival_ns": arrival,
+            "first_scheduled_ns": first_sched,
+            "first_token_ns": np.fromiter((r.first_token_ns for r in requests), np.int64),
+            "finish_ns": np.fromiter((r.finish_ns for r in requests), np.int64),
+            "prompt_len": np.fromiter((r.prompt_len for r in requests), np.int64),
+            "output_len": np.fromiter((r.num_output_tokens for r in requests), np.int64),
+            "num_preemptions": np.fromiter((r.num_preemptions for r in requests), np.int64),
+            "prefix_hit_tokens": np.fromiter((r.prefix_hit_tokens for r in requests), np.int64),
+            "cached_tokens": np.fromiter((max(r.num_cached_tokens, 0) for r in requests), np.int64),
+            "recomputed_tokens": np.fromiter((r.recomputed_tokens for r in requests), np.int64),
+            "queueing_delay_ns": first_sched - arrival,
+            "token_times_ns": [r.token_times_ns for r in requests],
+        }
+    )
+
+
+def timeseries_frame(log: StepLog, start_ns: int) -> pd.DataFrame:
+    """Per-second series: state sampled at the last step ending in each second (running,
+    waiting, KV usage %), token counts summed over the steps ending in it (tokens/s)."""
+    cols = ["t_s", "running", "waiting", "kv_usage_pct", "prompt_throughput", "gen_throughput"]
+    if not log.end_ns:
+        return pd.DataFrame({c: [] for c in cols})
+    end = np.asarray(log.end_ns, dtype=np.int64) - start_ns
+    sec = end // NS_PER_S  # step ending in [k, k+1) s belongs to second k+1
+    n_sec = int(sec[-1]) + 1
+    prompt = np.bincount(sec, weights=np.asarray(log.prompt_tokens, float), minlength=n_sec)
+    gen = np.bincount(sec, weights=np.asarray(log.gen_tokens, float), minlength=n_sec)
+    # Last sample in each second; seconds without a step carry the previous state.
+    last_idx = np.full(n_sec, -1, dtype=np.int64)
+    last_idx[sec] = np.arange(len(sec))
+    last_idx = np.maximum.accumulate(last_idx)
+    valid = last_idx >= 0
+    running = np.where(valid, np.asarray(log.running)[last_idx], 0)
+    waiting = np.where(valid, np.asarray(log.waiting)[last_idx], 0)
+    usage = np.where(valid, np.asarray(log.usage)[last_idx] * 100.0, 0.0)
+    return pd.DataFrame(
+        {
+            "t_s": np.arange(1, n_sec + 1, dtype=float),
+            "running": running,
+            "waiting": waiting,
+            "kv_usage_pct": usage,
+            "prompt_throughput": prompt,
+            "gen_throughput": gen,
+        }
+    )

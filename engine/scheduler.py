@@ -1,0 +1,226 @@
+"""The vLLM V1 two-phase scheduler (``vllm/v1/core/sched/scheduler.py``), FCFS policy.
+
+There are no prefill/decode phases: every step each request is given
+``num_tokens (+ placeholders) − num_computed_tokens`` tokens, chunked by the token budget
+(and ``long_prefill_token_threshold``). Phase A serves running requests in admission order,
+preempting from the tail (recompute) when blocks run out; Phase B admits waiting requests
+FCFS while budget and ``max_num_seqs`` allow, stopping at the first that does not fit, and
+is skipped entirely in a step that preempted. ``num_computed_tokens`` advances at schedule
+time. With async scheduling (vLLM 0.19's default) a non-final step adds an output
+placeholder so the next step can be scheduled before this one's token is known.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.batch import BatchShape
+from engine.kv_cache import KVCacheManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """One engine step: who runs, how many tokens each, and whether it samples a token."""
+
+    reqs: list[Request] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    samples: list[bool] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    shape: BatchShape | None = None
+    total_tokens: int = 0
+    prompt_tokens: int = 0  # tokens of entries that are prefill chunks (n > 1)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        long_prefill_token_threshold: int = 0,
+        reserve_full_isl: bool = True,
+        async_scheduling: bool = False,
+    ) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.token_budget = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.threshold = long_prefill_token_threshold
+        self.reserve_full_isl = reserve_full_isl
+        self.async_scheduling = async_scheduling
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self.num_finished = 0
+
+    # -- queue management ------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, victim: Request) -> None:
+        """Recompute preemption: free blocks (they stay cached), reset progress, requeue
+        at the front of ``waiting`` (vLLM ``_preempt_request``)."""
+        self.kv.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_output_placeholders = 0
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+
+    # -- schedule ------------------------------------------------------------------------
+    def schedule(self, now_ns: int) -> ScheduledStep:
+        kv = self.kv
+        budget = self.token_budget
+        thr = self.threshold
+        max_len_m1 = self.max_model_len - 1
+        async_ = self.async_scheduling
+        step = ScheduledStep()
+        reqs, ntoks = step.reqs, step.num_tokens
+        running = self.running
+
+        # Phase A: running requests, in admission order.
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            ph = req.num_output_placeholders
+            if ph > 0 and req.num_computed_tokens + 2 - ph >= req.prompt_len + req.max_tokens:
+                i += 1  # async: certainly at max_tokens already, no wasted step
+                continue
+            n = req.num_tokens + ph - req.num_computed_tokens
+            if 0 < thr < n:
+                n = thr
+            if n > budget:
+                n = budget
+            cap = max_len_m1 - req.num_computed_tokens
+            if n > cap:
+                n = cap
+            if n <= 0:
+                i += 1
+                continue
+            scheduled = True
+            while not kv.allocate_slots(req, n):
+                victim = running.pop()  # FCFS: the most recently admitted
+                self._preempt(victim)
+                step.preempted.append(victim)
+                if victim is req:
+                    scheduled = False
+                    break
+            if not scheduled:
+                break
+            reqs.append(req)
+            ntoks.append(n)
+            budget -= n
+            i += 1
+
+        # Phase B: admission, only in a step that preempted nobody.
+        if not step.preempted:
+            waiting = self.waiting
+            while waiting and budget > 0:
+                if len(running) >= self.max_num_seqs:
+                    break
+                req = waiting[0]
+                if req.num_computed_tokens == 0:
+                    hit_blocks, computed = kv.get_computed_blocks(req)
+                else:
+                    hit_blocks, computed = [], req.num_computed_tokens
+                n = req.num_tokens - computed
+                if 0 < thr < n:
+                    n = thr
+                if n > budget:
+                    n = budget
+                if self.reserve_full_isl and not kv.can_fit_full_sequence(req, hit_blocks):
+                    break
+                if not kv.allocate_slots(req, n, computed, hit_blocks):
+                    break  # head-of-line blocking: nothing behind it is tried
+                waiting.popleft()
+                resumed = req.status == RequestStatus.PREEMPTED
+                running.append(req)
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = computed
+                if req.num_cached_tokens < 0:
+                    req.num_cached_tokens = computed
+                if req.first_scheduled_ns < 0:
+                    req.first_scheduled_ns = now_ns
+                req.prefix_hit_tokens += computed
+                if resumed:
+                    req.recomputed_tokens += n
+                reqs.append(req)
+                ntoks.append(n)
+                budget -= n
+
+        # _update_after_schedule + the batch shape the latency model sees.
+        total = pc = kp = nd = dsum = 0
+        dmin = dmax = 0
+        samples = step.samples
+        for req, n in zip(reqs, ntoks, strict=True):
+            before = req.num_computed_tokens
+            total += n
+            if n > 1:
+                pc += n
+                kp += before
+            else:
+                if nd == 0:
+                    dmin = dmax = before
+                elif before < dmin:
+                    dmin = before
+                elif before > dmax:
+                    dmax = before
+                nd += 1
+                dsum += before
+            after = before + n
+            req.num_computed_tokens = after
+            sample = after >= req.num_tokens + req.num_output_placeholders
+            samples.append(sample)
+            if sample and async_:
+                req.num_output_placeholders += 1
+        step.total_tokens = total
+        step.prompt_tokens = pc
+        if reqs:
+            step.shape = BatchShape(total, len(reqs), pc, kp, nd, dsum, dmin, dmax)
+        return step
+
+    # -- outputs -------------------------------------------------------------------------
+    def update_from_output(self, step: ScheduledStep, now_ns: int) -> list[Request]:
+        """Apply one finished step at ``now_ns``: sampled tokens, first-token and finish
+        times, frees. Returns the requests that finished."""
+        finished: list[Request] = []
+        kv = self.kv
+        async_ = self.async_scheduling
+        for req, sample in zip(step.reqs, step.samples, strict=True):
+            if req.status == RequestStatus.FINISHED:
+                continue
+            if not sample:
+                continue
+            if async_ and req.num_output_placeholders > 0:
+                req.num_output_placeholders -= 1
+            if req.status == RequestStatus.PREEMPTED and async_:
+                # The token was computed before the preemption took effect: keep it (vLLM
+                # appends outputs of preempted-but-unfinished requests).
+                pass
+            req.num_tokens += 1
+            req.token_times_ns.append(now_ns)
+            if req.first_token_ns < 0:
+                req.first_token_ns = now_ns
+            if async_ and kv.enable_caching and req.status == RequestStatus.RUNNING:
+                kv.cache_blocks(
+                    req, min(req.num_computed_tokens - req.num_output_placeholders, req.num_tokens)
+                )
+            if req.num_tokens - req.prompt_len >= req.max_tokens or req.num_tokens >= self.max_model_len:
+                req.status = RequestStatus.FINISHED
+                req.finish_ns = now_ns
+                kv.free(req)
+                if req in self.running:
+                    self.running.remove(req)
+                else:
+                    self.waiting.remove(req)
+                self.num_finished += 1
+                finished.append(req)
+        return finished

@@ -116,9 +116,7 @@ def _direct_phase(op: str, dim: Dimension, c: int, e: int, bw: float) -> int:
     ready = [r + e + p for r in arrivals]
     last = arrivals[-1]
     j_star = next(i for i, g in enumerate(ready) if g >= last)
-    return e + max(
-        ready[max(j, j_star)] + dim.message_ns(dim.hops(j + 1), m) for j in range(n - 1)
-    )
+    return e + max(ready[max(j, j_star)] + dim.message_ns(dim.hops(j + 1), m) for j in range(n - 1))
 
 
 def _hd_phase(op: str, dim: Dimension, c: int, e: int, bw: float) -> int:
@@ -130,9 +128,10 @@ def _hd_phase(op: str, dim: Dimension, c: int, e: int, bw: float) -> int:
             "type'); use ring or direct for all-to-all"
         )
     if op == ALL_GATHER:
-        return sum(
-            dim.message_ns(dim.hops(n >> k), c << (k - 1)) for k in range(1, levels + 1)
-        ) + (levels + 1) * e
+        return (
+            sum(dim.message_ns(dim.hops(n >> k), c << (k - 1)) for k in range(1, levels + 1))
+            + (levels + 1) * e
+        )
     sizes = [c >> k for k in range(1, levels + 1)]
     offsets = [1 << (k - 1) for k in range(1, levels + 1)]
     reduce_charge = sum(reduction_ns(s, bw) for s in sizes[1:])
@@ -317,7 +316,9 @@ def _dbt_tree(n: int) -> tuple[list[int], list[list[int]], list[int]]:
     return parent, children, order
 
 
-def _dbt_chunked(dim: Dimension, chunk: int, num_chunks: int, system: SystemConfig) -> tuple[int, int]:
+def _dbt_chunked(
+    dim: Dimension, chunk: int, num_chunks: int, system: SystemConfig
+) -> tuple[int, int]:
     """``(min, max)`` over NPUs of the finish time of a chunked doubleBinaryTree on one dimension.
 
     Even chunks use the tree rooted at NPU n-1, odd chunks its mirror image (rooted at NPU 0).
@@ -398,8 +399,11 @@ def collective_time(
         raise ConfigError(
             f"involved dims: {len(involved)} flags for a {len(topology.dims)}-dimension topology"
         )
-    dims = [i for i, (d, on) in enumerate(zip(topology.dims, involved, strict=True))
-            if on and d.npus > 1]
+    dims = [
+        i
+        for i, (d, on) in enumerate(zip(topology.dims, involved, strict=True))
+        if on and d.npus > 1
+    ]
     if nbytes == 0 or not dims:
         return CollectiveTime(0, 0)
     group = math.prod(topology.dims[i].npus for i in dims)

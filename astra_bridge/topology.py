@@ -113,7 +113,9 @@ class Topology:
             raise ConfigError("topology: needs at least one dimension")
         for i, d in enumerate(dims):
             if not isinstance(d, Dimension):
-                raise ConfigError(f"topology dims[{i}]: expected a Dimension, got {type(d).__name__}")
+                raise ConfigError(
+                    f"topology dims[{i}]: expected a Dimension, got {type(d).__name__}"
+                )
         object.__setattr__(self, "dims", dims)
 
     @property
@@ -141,7 +143,11 @@ class Topology:
     ) -> Topology:
         """Build from the four parallel per-dimension lists of an ASTRA-Sim network config."""
         n = len(kinds)
-        lens = {"npus_count": len(npus), "bandwidth": len(bandwidth_gbps), "latency": len(latency_ns)}
+        lens = {
+            "npus_count": len(npus),
+            "bandwidth": len(bandwidth_gbps),
+            "latency": len(latency_ns),
+        }
         bad = {k: v for k, v in lens.items() if v != n}
         if bad:
             raise ConfigError(
@@ -175,14 +181,18 @@ class Topology:
         With ``num_nodes == 1`` only the intra-node dimension is built. The inter-node bandwidth
         and latency are required when ``num_nodes > 1``.
         """
-        intra = Dimension(DimKind.parse(intra_kind), npus_per_node, intra_bandwidth_gbps, intra_latency_ns)
+        intra = Dimension(
+            DimKind.parse(intra_kind), npus_per_node, intra_bandwidth_gbps, intra_latency_ns
+        )
         if num_nodes == 1:
             return cls((intra,))
         if inter_bandwidth_gbps is None or inter_latency_ns is None:
             raise ConfigError(
                 "inter_bandwidth_gbps / inter_latency_ns: required when num_nodes > 1"
             )
-        inter = Dimension(DimKind.parse(inter_kind), num_nodes, inter_bandwidth_gbps, inter_latency_ns)
+        inter = Dimension(
+            DimKind.parse(inter_kind), num_nodes, inter_bandwidth_gbps, inter_latency_ns
+        )
         return cls((intra, inter))
 
 
@@ -200,8 +210,10 @@ def load_network_config(path: str | Path) -> Topology:
     missing = [k for k in ("topology", "npus_count", "bandwidth", "latency") if k not in raw]
     if missing:
         raise ConfigError(f"network config {p}: missing keys {missing}")
-    lists = {k: raw[k] if isinstance(raw[k], list) else [raw[k]] for k in
-             ("topology", "npus_count", "bandwidth", "latency")}
+    lists = {
+        k: raw[k] if isinstance(raw[k], list) else [raw[k]]
+        for k in ("topology", "npus_count", "bandwidth", "latency")
+    }
     try:
         return Topology.from_lists(
             lists["topology"], lists["npus_count"], lists["bandwidth"], lists["latency"]
@@ -319,7 +331,9 @@ def load_system_config(path: str | Path) -> SystemConfig:
     return system_config_from_dict(raw, where=f"system config {p}")
 
 
-def system_config_from_dict(raw: Mapping[str, object], where: str = "system config") -> SystemConfig:
+def system_config_from_dict(
+    raw: Mapping[str, object], where: str = "system config"
+) -> SystemConfig:
     """Build a :class:`SystemConfig` from the key/value pairs of an ASTRA-Sim ``system.json``."""
     if "local-mem-bw" not in raw:
         raise ConfigError(
@@ -362,6 +376,7 @@ def system_config_to_dict(system: SystemConfig) -> dict[str, object]:
 
 def network_config_to_yaml(topology: Topology) -> str:
     """The analytical-backend network ``.yml`` text for a topology."""
+
     def fmt(values: Sequence[object]) -> str:
         return "[" + ", ".join(str(v) for v in values) + "]"
 

@@ -1,0 +1,336 @@
+"""Profile bundle loader: layout, ns conversion, pre-indexing, validation errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from profiles.bundle import (
+    BundleError,
+    Curve,
+    bundle_dir,
+    clear_bundle_cache,
+    load_bundle,
+    us_to_ns,
+    variant_name,
+)
+
+DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
+                "act_fn", "down_proj", "final_layernorm")
+TOKENS = (1, 2, 4, 8, 16)
+SEQS = (1, 2, 4)
+PC_AXIS = (0, 16, 32)
+ND_AXIS = (0, 1, 2, 4)
+
+
+def attn_us(pc: int, kp: int, nd: int, kv: int) -> float:
+    """Synthetic attention time, multilinear so the 4-D blend reproduces it inside the grid."""
+    return 2.0 + 0.5 * pc + 0.01 * kp + 0.001 * pc * kp / 16 + 0.25 * nd + 0.002 * nd * kv
+
+
+def dense_us(layer: str, tokens: int) -> float:
+    return 1.0 + DENSE_LAYERS.index(layer) + 0.5 * tokens
+
+
+def write_bundle(root: Path, *, hardware: str = "TESTGPU", model: str = "test/tiny",
+                 variant: str = "bf16", tps: tuple[int, ...] = (1,), skew: dict | None = None,
+                 moe: bool = False) -> Path:
+    """Write a small, fully-known bundle; returns the variant directory.
+
+    Attention grid: pc {0, 16, 32} x nd {0, 1, 2, 4}; slices (16, 4) and (32, 4) are absent (as
+    the reference's nd = 256 slices for pc > 0), and the kp = 96 row of the mixed slices only
+    has kv_decode points from 32 upward (ragged, like the reference's 1.5x rows).
+    """
+    vdir = root / hardware / model / variant
+    for tp in tps:
+        d = vdir / f"tp{tp}"
+        d.mkdir(parents=True)
+        scale = 1.0 / tp
+        lines = ["layer,tokens,time_us"]
+        for layer in DENSE_LAYERS:
+            s = 1.0 if layer in ("layernorm", "final_layernorm") else scale
+            lines += [f"{layer},{t},{dense_us(layer, t) * s:.6g}" for t in TOKENS]
+        (d / "dense.csv").write_text("\n".join(lines) + "\n")
+        lines = ["layer,sequences,time_us"]
+        lines += [f"lm_head,{n},{(100 + 2 * n) * scale:.6g}" for n in SEQS]
+        lines += [f"sampler,{n},{10 + n:.6g}" for n in SEQS]
+        (d / "per_sequence.csv").write_text("\n".join(lines) + "\n")
+        lines = ["prefill_chunk,kv_prefill,n_decode,kv_decode,time_us"]
+        for pc in PC_AXIS:
+            for nd in ND_AXIS:
+                if (pc, nd) == (0, 0) or (pc > 0 and nd == 4):
+                    continue
+                kps = (0,) if pc == 0 else (0, 64, 96)
+                for kp in kps:
+                    kvs = (0,) if nd == 0 else ((32, 64) if kp == 96 else (16, 32, 64))
+                    lines += [f"{pc},{kp},{nd},{kv},{attn_us(pc, kp, nd, kv) * scale:.6g}" for kv in kvs]
+        (d / "attention.csv").write_text("\n".join(lines) + "\n")
+        if moe and tp == 1:
+            lines = ["tokens,activated_experts,time_us"]
+            for a in (2, 4):
+                lines += [f"{t},{a},{20 + t + 5 * a}" for t in (1, 2, 4, 8, 16) if a <= 2 * t]
+            (d / "moe.csv").write_text("\n".join(lines) + "\n")
+    meta = {"hardware": hardware, "model": model, "variant": variant, "tp_degrees": list(tps),
+            "engine_effective": {"max_num_batched_tokens": 16, "max_num_seqs": 4}}
+    if skew is not None:
+        meta["skew_fit"] = skew
+    (vdir / "meta.yaml").write_text(yaml.safe_dump(meta))
+    return vdir
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    clear_bundle_cache()
+    yield
+    clear_bundle_cache()
+
+
+# ----------------------------------------------------------------------------- naming, units
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv", "expected"),
+    [("bfloat16", "auto", "bf16"), ("float16", "auto", "fp16"), ("half", "auto", "fp16"),
+     ("float32", "auto", "fp32"), ("fp8_e4m3", "auto", "fp8"), ("bfloat16", "fp8", "bf16-kvfp8"),
+     ("bfloat16", "fp8_e4m3", "bf16-kvfp8"), ("int4", "auto", "int4"), ("mxfp4", "auto", "mxfp4")],
+)
+def test_variant_name(dtype: str, kv: str, expected: str) -> None:
+    assert variant_name(dtype, kv) == expected
+
+
+def test_us_to_ns_rounds_half_even_and_floors_at_one() -> None:
+    us = np.array([8.35233, 0.0025, 0.0035, 0.0001, 714.006, 1.0005])
+    assert us_to_ns(us).tolist() == [max(round(x * 1000), 1) for x in us]
+    assert us_to_ns(np.array([0.0025]))[0] == 2  # 2.5 -> 2 (half to even)
+    assert us_to_ns(np.array([0.0001]))[0] == 1
+
+
+def test_curve_sorts_and_keeps_first_duplicate() -> None:
+    c = Curve.build([4, 1, 2, 2], [40, 10, 20, 99])
+    assert c.xs == (1, 2, 4) and c.ys == (10, 20, 40)
+    assert c.keys.dtype == np.int64 and c.values.tolist() == [10, 20, 40]
+
+
+# --------------------------------------------------------------------------- synthetic bundle
+
+
+def test_load_synthetic_bundle_layout_and_index(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path, tps=(1, 2))
+    b = load_bundle(tmp_path, "TESTGPU", "test/tiny")
+    assert b.path == vdir.resolve()
+    assert sorted(b.tps) == [1, 2]
+    assert b.max_num_batched_tokens == 16 and b.max_num_seqs == 4
+    t1 = b.tables(1)
+    assert set(t1.dense) == set(DENSE_LAYERS)
+    assert t1.dense["qkv_proj"].xs == TOKENS
+    assert t1.dense["qkv_proj"].ys[0] == round(dense_us("qkv_proj", 1) * 1000)
+    att = t1.attention
+    assert att.pc_axis == PC_AXIS and att.nd_axis == ND_AXIS
+    assert (16, 4) not in att.slices and (0, 0) not in att.slices
+    assert att.nd_by_pc[16] == (0, 1, 2) and att.nd_by_pc[0] == (1, 2, 4)
+    sl = att.slices[(16, 2)]
+    assert sl.kp == (0, 64, 96)
+    assert sl.rows[0].xs == (16, 32, 64) and sl.rows[2].xs == (32, 64)  # ragged rows
+    assert t1.moe is None
+    assert not b.skew_fit.enabled
+
+
+def test_direct_path_and_cache(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    a = load_bundle(vdir)
+    assert load_bundle(tmp_path, "TESTGPU", "test/tiny", "bf16") is a
+    clear_bundle_cache()
+    assert load_bundle(vdir) is not a
+
+
+def test_missing_tp_names_available_degrees(tmp_path: Path) -> None:
+    b = load_bundle(write_bundle(tmp_path, tps=(1, 2)))
+    with pytest.raises(BundleError, match=r"no tp4/.*\[1, 2\]"):
+        b.tables(4)
+
+
+def test_beyond_profiled_range(tmp_path: Path) -> None:
+    b = load_bundle(write_bundle(tmp_path))
+    assert b.beyond_profiled_range(16, 4) == []
+    msgs = b.beyond_profiled_range(2048, 128)
+    assert len(msgs) == 2 and "max_num_batched_tokens 2048" in msgs[0]
+
+
+def test_skew_fit_hydrated(tmp_path: Path) -> None:
+    skew = {"enabled": True, "alpha_default": 0.5,
+            "per_tp": {1: {"alpha_default": 0.25, "bucket_table": "tp1/skew_fit.csv"}}}
+    vdir = write_bundle(tmp_path, skew=skew)
+    (vdir / "tp1" / "skew_fit.csv").write_text(
+        "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples\n"
+        "0,n<=2,sr<=70%,kvB<=1k,kp=0,0.75,3\n"
+    )
+    b = load_bundle(vdir)
+    assert b.skew_fit.enabled and b.skew_fit.alpha_default == 0.5
+    entry = b.skew_fit.per_tp[1]
+    assert entry.alpha_default == 0.25
+    assert entry.table == {"pc=0|n<=2|sr<=70%|kvB<=1k|kp=0": 0.75}
+    assert entry.axes.labels["n"][0] == "n<=2"
+
+
+def test_skew_fit_raw_key_column(tmp_path: Path) -> None:
+    skew = {"enabled": True, "per_tp": {1: {"alpha_default": 0.1, "bucket_table": "tp1/skew_fit.csv"}}}
+    vdir = write_bundle(tmp_path, skew=skew)
+    (vdir / "tp1" / "skew_fit.csv").write_text(
+        "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples,raw_key\n"
+        "0,a,b,c,d,0.3,1,custom-key\n"
+    )
+    assert load_bundle(vdir).skew_fit.per_tp[1].table == {"custom-key": 0.3}
+
+
+# ------------------------------------------------------------------------------- bad input
+
+
+def _replace_line(path: Path, lineno: int, text: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[lineno - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="bundle directory not found"):
+        load_bundle(tmp_path, "TESTGPU", "nobody/none")
+
+
+def test_bad_model_name(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="org>/<model"):
+        bundle_dir(tmp_path, "TESTGPU", "../escape")
+
+
+def test_only_one_of_hardware_or_model(tmp_path: Path) -> None:
+    with pytest.raises(BundleError, match="give both"):
+        load_bundle(tmp_path, "TESTGPU")
+
+
+def test_missing_meta(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    (vdir / "meta.yaml").unlink()
+    with pytest.raises(BundleError, match=r"meta\.yaml: missing"):
+        load_bundle(vdir)
+
+
+def test_invalid_meta_yaml(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    (vdir / "meta.yaml").write_text("a: [unclosed\n")
+    with pytest.raises(BundleError, match="invalid YAML"):
+        load_bundle(vdir)
+
+
+def test_no_tp_folders(tmp_path: Path) -> None:
+    vdir = tmp_path / "v"
+    vdir.mkdir()
+    (vdir / "meta.yaml").write_text("hardware: X\n")
+    with pytest.raises(BundleError, match=r"no tp<N>/ folders"):
+        load_bundle(vdir)
+
+
+@pytest.mark.parametrize("name", ["dense.csv", "per_sequence.csv", "attention.csv"])
+def test_missing_required_csv(tmp_path: Path, name: str) -> None:
+    vdir = write_bundle(tmp_path)
+    (vdir / "tp1" / name).unlink()
+    with pytest.raises(BundleError, match=rf"tp1/{name}: file missing"):
+        load_bundle(vdir)
+
+
+def test_missing_column(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    _replace_line(vdir / "tp1" / "dense.csv", 1, "layer,tokens,time_ms")
+    with pytest.raises(BundleError, match=r"dense\.csv: missing column\(s\) \['time_us'\]"):
+        load_bundle(vdir)
+
+
+@pytest.mark.parametrize(
+    ("line", "pattern"),
+    [("qkv_proj,4,nan", r"dense\.csv:5: column 'time_us' = 'nan' is not finite"),
+     ("qkv_proj,4,abc", r"dense\.csv:5: column 'time_us' = 'abc' is not a number"),
+     ("qkv_proj,4,0", r"dense\.csv:5: column 'time_us' = '0' must be a positive time"),
+     ("qkv_proj,4,-3.5", r"dense\.csv:5: column 'time_us' = '-3.5' must be a positive"),
+     ("qkv_proj,4.5,3", r"dense\.csv:5: column 'tokens' = '4.5' must be a non-negative integer"),
+     ("qkv_proj,-4,3", r"dense\.csv:5: column 'tokens' = '-4' must be a non-negative integer"),
+     ("qkv_proj,4", r"dense\.csv:5: 2 fields, header has 3"),
+     (",4,3", r"dense\.csv: a row has an empty 'layer' name")],
+)
+def test_bad_dense_values_name_file_and_line(tmp_path: Path, line: str, pattern: str) -> None:
+    vdir = write_bundle(tmp_path)
+    _replace_line(vdir / "tp1" / "dense.csv", 5, line)
+    with pytest.raises(BundleError, match=pattern) as info:
+        load_bundle(vdir)
+    assert "Re-export dense.csv" in str(info.value)
+
+
+def test_bad_attention_value(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    _replace_line(vdir / "tp1" / "attention.csv", 3, "0,0,1,32,inf")
+    with pytest.raises(BundleError, match=r"attention\.csv:3: column 'time_us' = 'inf'"):
+        load_bundle(vdir)
+
+
+def test_empty_table(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    (vdir / "tp1" / "per_sequence.csv").write_text("layer,sequences,time_us\n")
+    with pytest.raises(BundleError, match=r"per_sequence\.csv: no data rows"):
+        load_bundle(vdir)
+
+
+def test_skew_bucket_table_missing(tmp_path: Path) -> None:
+    skew = {"enabled": True, "per_tp": {1: {"alpha_default": 0.1, "bucket_table": "tp1/skew_fit.csv"}}}
+    vdir = write_bundle(tmp_path, skew=skew)
+    with pytest.raises(BundleError, match=r"bucket_table names .*skew_fit\.csv, which is missing"):
+        load_bundle(vdir)
+
+
+def test_skew_bad_axes(tmp_path: Path) -> None:
+    skew = {"enabled": True, "bucket_axes": {"n_bins": [0, 2], "n_labels": ["a", "b"]},
+            "per_tp": {1: {"alpha_default": 0.1}}}
+    with pytest.raises(BundleError, match=r"n_bins must be a list with one more edge"):
+        load_bundle(write_bundle(tmp_path, skew=skew))
+
+
+def test_skew_bad_alpha_default(tmp_path: Path) -> None:
+    skew = {"enabled": True, "per_tp": {1: {"alpha_default": "high"}}}
+    with pytest.raises(BundleError, match=r"per_tp\.1\.alpha_default = 'high' is not a number"):
+        load_bundle(write_bundle(tmp_path, skew=skew))
+
+
+# ----------------------------------------------------------------------------- shipped data
+
+
+@pytest.mark.groundtruth
+def test_shipped_llama_bundle(shared_data: Path) -> None:
+    b = load_bundle(shared_data / "llmservingsim" / "profiles", "RTXPRO6000", "meta-llama/Llama-3.1-8B")
+    assert sorted(b.tps) == [1, 2] and b.hardware == "RTXPRO6000"
+    t1 = b.tables(1)
+    assert len(t1.dense["qkv_proj"]) == 152 and len(t1.per_sequence["lm_head"]) == 40
+    assert t1.per_sequence["lm_head"].ys[0] == 714006  # 714.006 us
+    att = t1.attention
+    assert len(att.pc_axis) == 20 and att.nd_axis == (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert all((pc, 256) not in att.slices for pc in att.pc_axis if pc > 0)
+    sl = att.slices[(16, 1)]
+    kp768 = sl.rows[sl.kp.index(768)]
+    assert kp768.xs[0] == 512  # 1.5x-grid rows start at kv 512
+    assert sl.rows[sl.kp.index(1024)].xs[0] == 16
+    # sanity values of the spec (us): attention (0,0,1,1024) and (2048,0,0,0)
+    row = att.slices[(0, 1)].rows[0]
+    assert row.ys[row.xs.index(1024)] == pytest.approx(14590, abs=10)
+    assert att.slices[(2048, 0)].rows[0].ys[0] == pytest.approx(172610, abs=10)
+    skew = b.skew_fit.per_tp[1]
+    assert skew.alpha_default == 0.0543
+    assert skew.table["pc=0|n<=2|sr<=70%|kvB<=4k|kp=0"] == 0.0515
+
+
+@pytest.mark.groundtruth
+def test_shipped_moe_bundle(shared_data: Path) -> None:
+    b = load_bundle(shared_data / "llmservingsim" / "profiles", "RTXPRO6000",
+                    "Qwen/Qwen3-30B-A3B-Instruct-2507")
+    moe = b.tables(1).moe
+    assert moe is not None and moe.activated == (8, 16, 32, 64, 128)
+    assert sum(len(r) for r in moe.rows) == 50
+    assert b.tables(2).moe is None
+    assert moe.rows[0].ys[0] == 50230  # 50.2297 us

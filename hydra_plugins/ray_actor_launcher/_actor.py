@@ -1,0 +1,53 @@
+"""The Ray actor that runs Hydra jobs; one long-lived instance per pool slot.
+
+Module-level caches of the task code (loaded profiles, model specs) survive between the
+jobs an actor runs, because the actor process lives for the whole sweep.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig
+
+
+class JobFailure(RuntimeError):
+    """A job's exception, carried back to the driver as text (tracebacks do not pickle)."""
+
+
+class JobRunner:
+    """Runs one Hydra job at a time (the actor is created with ``max_concurrency=1``)."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(
+        self,
+        idx: int,
+        hydra_context: HydraContext,
+        sweep_config: DictConfig,
+        task_function: TaskFunction,
+        singleton_state: dict[Any, Any],
+    ) -> tuple[int, JobReturn]:
+        setup_globals()
+        Singleton.set_state(singleton_state)
+        HydraConfig.instance().set_config(sweep_config)
+        ret = run_job(
+            hydra_context=hydra_context,
+            task_function=task_function,
+            config=sweep_config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+        if ret.status == JobStatus.FAILED:
+            err = ret._return_value
+            text = "".join(traceback.format_exception(err))
+            ret.return_value = JobFailure(f"job #{idx} failed in pid {os.getpid()}:\n{text}")
+            ret.status = JobStatus.FAILED
+        return idx, ret

@@ -1,0 +1,56 @@
+"""Structured config of the ``ray_actor`` launcher, registered in Hydra's ConfigStore."""
+
+# No `from __future__ import annotations` here: Hydra execs plugin modules before they are
+# in sys.modules, and dataclasses then cannot resolve string annotations.
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+def _default_init() -> dict[str, Any]:
+    return {
+        "num_cpus": None,
+        "object_store_memory": 200 * 1024**2,
+        "include_dashboard": False,
+        "log_to_driver": True,
+    }
+
+
+@dataclass
+class RayActorLauncherConf:
+    """Where and how sweep jobs run.
+
+    ``address``: ``local`` starts a private Ray sized by ``init`` and stops it at the end;
+    ``auto`` or ``host:port`` attaches to an existing cluster (``init`` resource keys are
+    then ignored). ``num_actors``: pool size, ``null`` = as many as the cluster's CPUs allow
+    (always capped to what the cluster can schedule). ``on_failure``: ``continue`` records a
+    failed job and keeps going (the sweep exits 0); ``raise`` lets Hydra's sweeper raise the
+    first failure after the batch has run. ``job_timeout_s``: a job running longer is killed
+    and recorded as failed. ``validator``: ``module:function`` called on every composed job
+    config before anything starts. ``recorder``: ``module:Class`` that receives each result
+    in the driver as it arrives (see ``hooks.Recorder``).
+    """
+
+    _target_: str = "hydra_plugins.ray_actor_launcher.launcher.RayActorLauncher"
+    address: str | None = "${oc.env:RAY_ADDRESS,local}"
+    num_actors: int | None = None
+    init: dict[str, Any] = field(default_factory=_default_init)
+    actor_options: dict[str, Any] = field(default_factory=lambda: {"num_cpus": 1})
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    on_failure: str = "continue"
+    job_timeout_s: float | None = 3600.0
+    ready_timeout_s: float = 120.0
+    shutdown_ray: bool = True
+    progress: bool = True
+    validator: str | None = None
+    recorder: str | None = None
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher",
+    name="ray_actor",
+    node=RayActorLauncherConf,
+    provider="ray_actor_launcher",
+)

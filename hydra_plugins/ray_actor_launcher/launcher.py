@@ -1,0 +1,203 @@
+"""``RayActorLauncher``: Hydra jobs on a pool of long-lived Ray actors.
+
+The driver (this process) composes and validates every job config, then starts or
+attaches Ray, creates the actors, sends each job to the next idle actor and hands each
+result to the recorder as it arrives. Results go back to the sweeper in job order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from hydra_plugins.ray_actor_launcher.hooks import Recorder, load_attr
+
+log = logging.getLogger(__name__)
+
+ON_FAILURE = ("continue", "raise")
+_RESOURCE_KEYS = ("num_cpus", "num_gpus", "object_store_memory", "resources", "memory")
+
+
+class RayActorLauncher(Launcher):
+    """See ``config.RayActorLauncherConf`` for the options."""
+
+    def __init__(self, **params: Any) -> None:
+        self.params = OmegaConf.create(params)
+        if self.params.on_failure not in ON_FAILURE:
+            raise ValueError(
+                f"hydra.launcher.on_failure={self.params.on_failure!r}: allowed values {ON_FAILURE}"
+            )
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+        self._started_ray = False
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    # ------------------------------------------------------------------ driver side
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> Sequence[JobReturn]:
+        assert self.config is not None and self.hydra_context is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        jobs = self._compose(job_overrides, initial_job_idx, sweep_dir)
+        if self.params.validator:
+            validate = load_attr(self.params.validator, "validator")
+            for _idx, cfg in jobs:
+                validate(_task_view(cfg))
+        log.info(f"Launching {len(jobs)} jobs on Ray actors, sweep dir {sweep_dir}")
+        recorder = self._make_recorder(sweep_dir, len(jobs))
+        if recorder is not None:
+            recorder.start()
+        status = "KILLED"
+        try:
+            results = self._run(jobs, job_overrides, initial_job_idx, recorder)
+            failed = sum(r.status == JobStatus.FAILED for r in results.values())
+            status = "FAILED" if failed else "FINISHED"
+        finally:
+            if recorder is not None:
+                recorder.close(status)
+        ordered = [results[initial_job_idx + i] for i in range(len(jobs))]
+        if failed:
+            log.warning(f"{failed} of {len(ordered)} jobs failed")
+        if self.params.on_failure == "continue":
+            for ret in ordered:
+                if ret.status == JobStatus.FAILED:
+                    error = str(ret._return_value)
+                    ret.status = JobStatus.COMPLETED
+                    ret.return_value = {"status": "failed", "error": error}
+        return ordered
+
+    def _compose(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
+    ) -> list[tuple[int, DictConfig]]:
+        assert self.config is not None and self.hydra_context is not None
+        jobs = []
+        for i, overrides in enumerate(job_overrides):
+            idx = initial_job_idx + i
+            log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.sweep.dir = str(sweep_dir)
+                cfg.hydra.job.id = str(idx)
+                cfg.hydra.job.num = idx
+            jobs.append((idx, cfg))
+        return jobs
+
+    def _make_recorder(self, sweep_dir: Path, num_jobs: int) -> Recorder | None:
+        if not self.params.recorder:
+            return None
+        cls = load_attr(self.params.recorder, "recorder")
+        assert self.config is not None
+        return cls(self.config, sweep_dir, num_jobs)
+
+    def _run(
+        self,
+        jobs: list[tuple[int, DictConfig]],
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+        recorder: Recorder | None,
+    ) -> dict[int, JobReturn]:
+        import ray
+
+        from hydra_plugins.ray_actor_launcher._actor import JobFailure, JobRunner
+        from hydra_plugins.ray_actor_launcher._pool import ActorSet
+        from hydra_plugins.ray_actor_launcher._progress import Progress
+
+        self._ensure_ray(ray)
+        actor_options = dict(OmegaConf.to_container(self.params.actor_options, resolve=True))
+        actor_options.setdefault("max_concurrency", 1)
+        remote_cls = ray.remote(JobRunner).options(**actor_options)
+        actors: list[Any] = []
+        progress = None
+        try:
+            size = self._pool_size(ray, actor_options, len(jobs))
+            actors = [remote_cls.remote() for _ in range(size)]
+            ray.get([a.pid.remote() for a in actors], timeout=self.params.ready_timeout_s)
+            pool = ActorSet(actors, remote_cls.remote, self.params.job_timeout_s)
+            ctx_ref = ray.put(self.hydra_context)
+            fn_ref = ray.put(self.task_function)
+            state_ref = ray.put(Singleton.get_state())
+
+            def submit(actor: Any, item: tuple[int, DictConfig]) -> Any:
+                return actor.run.remote(item[0], ctx_ref, item[1], fn_ref, state_ref)
+
+            progress = Progress(len(jobs), bool(self.params.progress))
+            results: dict[int, JobReturn] = {}
+            configs = dict(jobs)
+            for out in pool.run([(idx, (idx, cfg)) for idx, cfg in jobs], submit):
+                if out.error is None:
+                    _, ret = out.value
+                else:
+                    ret = JobReturn(status=JobStatus.FAILED, _return_value=JobFailure(out.error))
+                    ret.overrides = list(job_overrides[out.key - initial_job_idx])
+                results[out.key] = ret
+                if recorder is not None:
+                    recorder.job_done(out.key, configs[out.key], ret)
+                progress.update(ret.status == JobStatus.FAILED)
+            actors = pool.actors
+            return results
+        finally:
+            if progress is not None:
+                progress.close()
+            for actor in actors:
+                ray.kill(actor)
+            if self._started_ray and self.params.shutdown_ray:
+                ray.shutdown()
+                self._started_ray = False
+
+    def _ensure_ray(self, ray: Any) -> None:
+        if ray.is_initialized():
+            return
+        address = self.params.address or "local"
+        runtime_env = OmegaConf.to_container(self.params.runtime_env, resolve=True) or None
+        init = {k: v for k, v in OmegaConf.to_container(self.params.init, resolve=True).items()}
+        if address == "local":
+            # A private single-machine Ray on loopback: no token auth, no usage reporting.
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            kwargs = {k: v for k, v in init.items() if v is not None}
+        else:
+            kwargs = {k: v for k, v in init.items() if k not in _RESOURCE_KEYS and v is not None}
+            kwargs.pop("include_dashboard", None)
+        log.info(f"Starting Ray (address={address})")
+        ray.init(address=address, runtime_env=runtime_env, **kwargs)
+        self._started_ray = True
+
+    def _pool_size(self, ray: Any, actor_options: dict[str, Any], num_jobs: int) -> int:
+        """Actors wanted, capped to what the cluster can schedule (never more than jobs)."""
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        per_actor = float(actor_options.get("num_cpus", 1) or 0)
+        fits = int(cpus // per_actor) if per_actor > 0 else num_jobs
+        if fits < 1:
+            raise RuntimeError(
+                f"hydra.launcher.actor_options.num_cpus={per_actor:g} but the Ray cluster has "
+                f"{cpus:g} CPUs: no actor can be scheduled"
+            )
+        wanted = self.params.num_actors or fits
+        if wanted > fits:
+            log.warning(f"hydra.launcher.num_actors={wanted} capped to {fits} (cluster CPUs)")
+        return max(1, min(wanted, fits, num_jobs))
+
+
+def _task_view(cfg: DictConfig) -> DictConfig:
+    """The job config without its ``hydra`` node, as the task function will see it."""
+    view = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    return view

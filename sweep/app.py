@@ -1,0 +1,63 @@
+"""The Hydra application: ``python -m sweep`` (one point) or ``python -m sweep ... -m`` (a grid).
+
+Every job calls ``task``: it simulates one point (``sweep.job.run_point``) and returns the
+plain result. In a multirun the ``ray_actor`` launcher's recorder stores the results in the
+driver; in a single run this process is the driver and records the one result itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from sweep.schema import register
+
+log = logging.getLogger(__name__)
+register()
+
+SUMMARY_KEYS = (
+    "completed",
+    "request_throughput",
+    "output_throughput",
+    "goodput_rps",
+    "ttft_ms_p99",
+    "tpot_ms_p99",
+    "e2el_ms_p99",
+    "kv_usage_pct_max",
+    "num_preemptions",
+    "makespan_s",
+    "sim_wall_s",
+)
+
+
+def task(cfg: DictConfig) -> dict[str, Any]:
+    """Simulate the point described by ``cfg``; record it too when not in a multirun."""
+    from sweep.job import run_point
+
+    result = run_point(cfg)
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.RUN:
+        from sweep.recorder import SweepRecorder
+
+        out_dir = Path(hydra_cfg.runtime.output_dir)
+        recorder = SweepRecorder(cfg, out_dir, num_jobs=1, nested=False)
+        recorder.start()
+        ret = JobReturn(status=JobStatus.COMPLETED, _return_value=result)
+        recorder.job_done(0, cfg, ret)
+        recorder.close("FINISHED")
+        metrics = result["metrics"]
+        for key in SUMMARY_KEYS:
+            log.info(f"{key:>20}: {metrics.get(key, float('nan')):.4g}")
+    return result
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> dict[str, Any]:
+    return task(cfg)

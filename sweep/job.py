@@ -1,0 +1,207 @@
+"""The one place where a composed sweep config becomes engine calls and plain results.
+
+``run_point(cfg)`` builds the specs, the latency model and the workload, runs
+``engine.simulate`` and returns plain data (numbers, lists, Parquet bytes) that can cross
+process boundaries and be logged by the driver. Loaded specs, latency models (profile
+bundles) and workloads are cached at module level, so a long-lived Ray actor keeps them
+warm across the jobs it runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import time
+from functools import cache, lru_cache
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+
+from analysis.metrics import compute_metrics
+from engine import EngineConfig, HardwareSpec, ModelSpec, RequestSpec, simulate
+from engine.specs import GIB
+from profiles.bundle import load_bundle
+from profiles.catalog import load_hardware, load_model
+from profiles.latency import ProfiledLatencyModel
+from profiles.roofline import ensure_bundle
+from sweep.validate import check_config, length_dist, resolve_path
+from workloads import read_jsonl, synthetic
+
+NS_PER_MS = 1_000_000
+ENGINE_KEYS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "block_size",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+    "reserve_full_isl",
+    "long_prefill_token_threshold",
+    "max_model_len",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "num_gpu_blocks_override",
+    "async_scheduling",
+)
+
+
+@cache
+def model_spec(name: str) -> ModelSpec:
+    return load_model(name)
+
+
+@cache
+def hardware_spec(name: str) -> HardwareSpec:
+    return load_hardware(name)
+
+
+@lru_cache(maxsize=16)
+def latency_model(
+    source: str, root: str | None, variant: str, hardware: str, model: str, tp: int
+) -> ProfiledLatencyModel:
+    """The latency model of one (hardware, model, TP), from a generated or measured bundle."""
+    hw, spec = hardware_spec(hardware), model_spec(model)
+    if source == "roofline":
+        cache = resolve_path(root) if root else None
+        bundle = load_bundle(ensure_bundle(hw, spec, tp, variant=variant, cache=cache))
+    else:
+        assert root is not None
+        bundle = load_bundle(resolve_path(root), hw.name, spec.name, variant)
+    return ProfiledLatencyModel(bundle, spec, tp)
+
+
+@lru_cache(maxsize=8)
+def _synthetic(key: str) -> tuple[RequestSpec, ...]:
+    return tuple(synthetic(**json.loads(key)))
+
+
+@lru_cache(maxsize=4)
+def _trace(path: str, limit: int | None) -> tuple[RequestSpec, ...]:
+    return tuple(read_jsonl(path, limit=limit))
+
+
+def build_workload(cfg: DictConfig, model: ModelSpec) -> tuple[RequestSpec, ...]:
+    """The requests of ``cfg.workload`` (cached: grid points often share a workload)."""
+    wl = cfg.workload
+    if wl.kind == "trace":
+        return _trace(str(resolve_path(wl.path)), wl.limit)
+    burstiness = 1.0 if wl.arrival == "poisson" else 1.0 / wl.cv**2
+    args = {
+        "rate": float(wl.rate),
+        "num_requests": wl.num_requests,
+        "duration_s": wl.duration_s,
+        "input_len": dataclasses.asdict(length_dist(wl, "input_len")),
+        "output_len": dataclasses.asdict(length_dist(wl, "output_len")),
+        "seed": int(wl.seed),
+        "burstiness": burstiness,
+        "shared_prefix_len": int(wl.shared_prefix_len),
+        "num_prefix_groups": int(wl.num_prefix_groups),
+        "vocab_size": model.vocab_size,
+    }
+    return _synthetic(json.dumps(args, sort_keys=True))
+
+
+def engine_config(cfg: DictConfig) -> EngineConfig:
+    return EngineConfig(**{key: cfg.cluster[key] for key in ENGINE_KEYS})
+
+
+def goodput(requests: pd.DataFrame, slo: DictConfig, duration_s: float) -> dict[str, float]:
+    """Requests meeting every SLO bound (TTFT, TPOT, E2E latency in ms; null = no bound).
+
+    TPOT of a request is (finish - first token) / (output tokens - 1), 0 for one token.
+    ``goodput_rps`` divides the good requests by the benchmark duration.
+    """
+    ttft = (requests["first_token_ns"] - requests["arrival_ns"]) / NS_PER_MS
+    e2el = (requests["finish_ns"] - requests["arrival_ns"]) / NS_PER_MS
+    steps = (requests["output_len"] - 1).clip(lower=1)
+    tpot = np.where(
+        requests["output_len"] > 1,
+        (requests["finish_ns"] - requests["first_token_ns"]) / NS_PER_MS / steps,
+        0.0,
+    )
+    good = np.ones(len(requests), dtype=bool)
+    for bound, values in ((slo.ttft_ms, ttft), (slo.tpot_ms, tpot), (slo.e2el_ms, e2el)):
+        if bound is not None:
+            good &= np.asarray(values) <= bound
+    n_good = int(good.sum())
+    return {
+        "goodput_rps": n_good / duration_s if duration_s > 0 else 0.0,
+        "slo_attainment_pct": 100.0 * n_good / len(requests) if len(requests) else 0.0,
+    }
+
+
+def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
+    ts = result.timeseries
+    prompt_tokens = float(requests["prompt_len"].sum())
+    cap = result.kv_capacity
+    return {
+        "kv_usage_pct_mean": float(ts["kv_usage_pct"].mean()) if len(ts) else 0.0,
+        "kv_usage_pct_max": float(ts["kv_usage_pct"].max()) if len(ts) else 0.0,
+        "waiting_max": float(ts["waiting"].max()) if len(ts) else 0.0,
+        "num_preemptions": float(result.num_preemptions),
+        "preempted_requests": float((requests["num_preemptions"] > 0).sum()),
+        "prefix_hit_tokens": float(result.prefix_hit_tokens),
+        "prefix_hit_rate": result.prefix_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "queueing_delay_ms_mean": float(requests["queueing_delay_ns"].mean()) / NS_PER_MS,
+        "makespan_s": result.makespan_ns / 1e9,
+        "sim_wall_s": float(result.wall_s),
+        "num_steps": float(result.num_steps),
+        "kv_num_blocks": float(cap.num_blocks),
+        "kv_tokens": float(cap.tokens),
+        "kv_gib_per_rank": cap.num_blocks * cap.bytes_per_block / GIB,
+    }
+
+
+def _cost_metrics(cfg: DictConfig, hw: HardwareSpec, metrics: dict[str, float]) -> dict[str, float]:
+    price = cfg.hardware.cost_per_hour
+    gpu_hour = hw.cost_per_hour if price is None else float(price)
+    gpus = cfg.cluster.tensor_parallel_size
+    usd_per_hour = gpu_hour * gpus
+    out_tok_hour = metrics["output_throughput"] * 3600.0
+    return {
+        "num_gpus": float(gpus),
+        "usd_per_hour": usd_per_hour,
+        "usd_per_m_output_tokens": usd_per_hour / out_tok_hour * 1e6 if out_tok_hour else math.inf,
+        "goodput_rps_per_gpu": metrics["goodput_rps"] / gpus,
+    }
+
+
+def _parquet_bytes(frame: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    frame.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+def run_point(cfg: DictConfig) -> dict[str, Any]:
+    """Simulate one grid point; return ``{"metrics", "timeseries", "requests_parquet"}``.
+
+    ``metrics`` maps names to floats (analysis metrics, goodput, KV usage, preemptions,
+    prefix hit rate, simulated makespan, wall times, cost); ``timeseries`` maps the
+    per-second columns to lists; ``requests_parquet`` is the per-request frame as Parquet.
+    """
+    t0 = time.perf_counter()
+    check_config(cfg)
+    model = model_spec(cfg.model.name)
+    hw = hardware_spec(cfg.hardware.name)
+    bundle = cfg.hardware.bundle
+    latency = latency_model(
+        bundle.source, bundle.root, bundle.variant, hw.name, model.name,
+        cfg.cluster.tensor_parallel_size,
+    )
+    workload = build_workload(cfg, model)
+    result = simulate(model, hw, engine_config(cfg), workload, latency)
+    requests = result.requests
+    metrics = {k: float(v) for k, v in compute_metrics(requests).items()}
+    metrics.update(goodput(requests, cfg.slo, metrics["duration_s"]))
+    metrics.update(_engine_metrics(result, requests))
+    metrics.update(_cost_metrics(cfg, hw, metrics))
+    metrics["job_wall_s"] = time.perf_counter() - t0
+    return {
+        "metrics": metrics,
+        "timeseries": {c: result.timeseries[c].tolist() for c in result.timeseries.columns},
+        "requests_parquet": _parquet_bytes(requests),
+    }
+

@@ -1,0 +1,183 @@
+"""Checks on a composed sweep config that the typed schema cannot express.
+
+``check_config`` runs in the driver on every job config before Ray or MLflow start (the
+launcher's ``validator`` hook) and again at the start of each job. The first problem
+raises one ``ConfigError`` naming the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from engine.specs import ConfigError
+from profiles.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases
+from workloads import LengthDist, WorkloadError
+
+BUNDLE_SOURCES = ("roofline", "dir")
+KV_CACHE_DTYPES = ("auto", "fp8")
+WORKLOAD_KINDS = ("synthetic", "trace")
+ARRIVALS = ("poisson", "gamma")
+# Cluster-shape fields that later work implements: the default is the only value accepted.
+NOT_YET_SUPPORTED: dict[str, Any] = {
+    "num_instances": 1,
+    "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
+    "expert_parallel_size": 1,
+    "router": "round_robin",
+    "pd_disaggregation": False,
+    "num_prefill_instances": 0,
+    "prefix_storage": "none",
+}
+
+
+def resolve_path(path: str) -> Path:
+    """An absolute path; relative ones are taken from the directory the sweep started in."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.utils import to_absolute_path
+
+    if HydraConfig.initialized():
+        return Path(to_absolute_path(path))
+    return Path(path).absolute()
+
+
+def _fail(key: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"{key}={value!r} is not allowed; allowed: {allowed}")
+
+
+def _positive(key: str, value: Any, *, allow_none: bool = False, integer: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    kind = "an integer" if integer else "a number"
+    if value is None or value <= 0:
+        raise _fail(key, value, f"{kind} > 0" + (" or null" if allow_none else ""))
+
+
+def check_hardware(cfg: DictConfig) -> None:
+    hw = cfg.hardware
+    try:
+        load_hardware(hw.name)
+    except ConfigError:
+        raise _fail("hardware.name", hw.name, f"one of {list_hardware()}") from None
+    if hw.bundle.source not in BUNDLE_SOURCES:
+        raise _fail("hardware.bundle.source", hw.bundle.source, f"one of {list(BUNDLE_SOURCES)}")
+    if hw.bundle.source == "dir" and (
+        not hw.bundle.root or not resolve_path(hw.bundle.root).is_dir()
+    ):
+        raise _fail(
+            "hardware.bundle.root",
+            hw.bundle.root,
+            "an existing bundle directory (for the reference data set SERVESWEEP_DATA "
+            "to the folder holding llmservingsim/), or hardware.bundle.source=roofline",
+        )
+    if hw.cost_per_hour is not None and hw.cost_per_hour < 0:
+        raise _fail("hardware.cost_per_hour", hw.cost_per_hour, "a number >= 0 or null")
+
+
+def check_cluster(cfg: DictConfig) -> None:
+    cl = cfg.cluster
+    for key, default in NOT_YET_SUPPORTED.items():
+        value = cl[key]
+        if value != default:
+            raise ConfigError(
+                f"cluster.{key}={value!r} is not yet supported; allowed: {default!r} "
+                "(the schema accepts it for studies that later releases will run)"
+            )
+    model = load_model(cfg.model.name)
+    tp = cl.tensor_parallel_size
+    heads = model.num_attention_heads
+    if tp < 1 or heads % tp:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        raise _fail(
+            "cluster.tensor_parallel_size",
+            tp,
+            f"a divisor of the {heads} attention heads of {model.name}: {divisors}",
+        )
+    mem = cl.gpu_memory_utilization
+    if not 0 < mem <= 1:
+        raise _fail("cluster.gpu_memory_utilization", mem, "0 < value <= 1")
+    for key in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        _positive(f"cluster.{key}", cl[key], integer=True)
+    if cl.max_num_batched_tokens < cl.max_num_seqs:
+        raise _fail(
+            "cluster.max_num_batched_tokens",
+            cl.max_num_batched_tokens,
+            f"a value >= cluster.max_num_seqs ({cl.max_num_seqs}), as vLLM requires",
+        )
+    if cl.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise _fail("cluster.kv_cache_dtype", cl.kv_cache_dtype, f"one of {list(KV_CACHE_DTYPES)}")
+    if cl.long_prefill_token_threshold < 0:
+        raise _fail("cluster.long_prefill_token_threshold", cl.long_prefill_token_threshold, ">= 0")
+    if cl.max_model_len is not None and not 1 <= cl.max_model_len <= model.max_position_embeddings:
+        raise _fail(
+            "cluster.max_model_len",
+            cl.max_model_len,
+            f"null or 1..{model.max_position_embeddings} (the model's context length)",
+        )
+    _positive("cluster.num_gpu_blocks_override", cl.num_gpu_blocks_override,
+              allow_none=True, integer=True)
+
+
+def check_workload(cfg: DictConfig) -> None:
+    wl = cfg.workload
+    if wl.kind not in WORKLOAD_KINDS:
+        raise _fail("workload.kind", wl.kind, f"one of {list(WORKLOAD_KINDS)}")
+    if wl.kind == "trace":
+        if not wl.path or not resolve_path(wl.path).is_file():
+            raise _fail("workload.path", wl.path, "an existing JSONL trace file")
+        _positive("workload.limit", wl.limit, allow_none=True, integer=True)
+        return
+    _positive("workload.rate", wl.rate)
+    if wl.arrival not in ARRIVALS:
+        raise _fail("workload.arrival", wl.arrival, f"one of {list(ARRIVALS)}")
+    _positive("workload.cv", wl.cv)
+    if wl.num_requests is None and wl.duration_s is None:
+        raise _fail("workload.num_requests", None, "an integer > 0 (or set workload.duration_s)")
+    _positive("workload.num_requests", wl.num_requests, allow_none=True, integer=True)
+    _positive("workload.duration_s", wl.duration_s, allow_none=True)
+    if wl.num_requests is not None and wl.duration_s is not None:
+        raise _fail("workload.duration_s", wl.duration_s,
+                    "null when workload.num_requests is set (give exactly one of the two)")
+    if wl.shared_prefix_len < 0:
+        raise _fail("workload.shared_prefix_len", wl.shared_prefix_len, "an integer >= 0")
+    _positive("workload.num_prefix_groups", wl.num_prefix_groups, integer=True)
+    for key in ("input_len", "output_len"):
+        length_dist(wl, key)
+
+
+def length_dist(wl: DictConfig, key: str) -> LengthDist:
+    """``workload.<key>`` parsed into a ``LengthDist``; errors name the key."""
+    value = wl[key]
+    plain = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value
+    try:
+        return LengthDist.parse(plain, key)
+    except WorkloadError as err:
+        raise _fail(
+            f"workload.{key}", plain,
+            f"a length distribution: a kind name, an int, or a mapping with 'kind' ({err})",
+        ) from None
+
+
+def check_rest(cfg: DictConfig) -> None:
+    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        _positive(f"slo.{key}", cfg.slo[key], allow_none=True)
+    if not str(cfg.study.name).strip():
+        raise _fail("study.name", cfg.study.name, "a non-empty name (it names the MLflow experiment)")
+    gt = cfg.groundtruth.dir
+    if gt is not None and not resolve_path(gt).is_dir():
+        raise _fail("groundtruth.dir", gt, "null or an existing vLLM ground-truth run directory")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Raise ``ConfigError`` for the first invalid value in a composed sweep config."""
+    try:
+        load_model(cfg.model.name)
+    except ConfigError:
+        allowed = list_models() + sorted(model_aliases())
+        raise _fail("model.name", cfg.model.name, f"one of {allowed}") from None
+    check_hardware(cfg)
+    check_cluster(cfg)
+    check_workload(cfg)
+    check_rest(cfg)

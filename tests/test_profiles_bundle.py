@@ -23,7 +23,7 @@ DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "g
 TOKENS = (1, 2, 4, 8, 16)
 SEQS = (1, 2, 4)
 PC_AXIS = (0, 16, 32)
-ND_AXIS = (0, 1, 2, 4)
+ND_AXIS = (0, 1, 2, 4, 64)
 
 
 def attn_us(pc: int, kp: int, nd: int, kv: int) -> float:
@@ -40,9 +40,12 @@ def write_bundle(root: Path, *, hardware: str = "TESTGPU", model: str = "test/ti
                  moe: bool = False) -> Path:
     """Write a small, fully-known bundle; returns the variant directory.
 
-    Attention grid: pc {0, 16, 32} x nd {0, 1, 2, 4}; slices (16, 4) and (32, 4) are absent (as
-    the reference's nd = 256 slices for pc > 0), and the kp = 96 row of the mixed slices only
-    has kv_decode points from 32 upward (ragged, like the reference's 1.5x rows).
+    Attention grid: pc {0, 16, 32} x nd {0, 1, 2, 4, 64}; slices (16, 64) and (32, 64) are
+    absent (as the reference's nd = 256 slices for pc > 0, and likewise their nearest pair by
+    raw distance is the pure-decode (0, 64)), and the kp = 96 row of the mixed slices only has
+    kv_decode points from 32 upward (ragged, like the reference's 1.5x rows). In tp>1 folders
+    the tp-invariant rows (norms, sampler) hold 10x wrong values, so a model that reads them
+    from there instead of tp1 is caught.
     """
     vdir = root / hardware / model / variant
     for tp in tps:
@@ -51,17 +54,17 @@ def write_bundle(root: Path, *, hardware: str = "TESTGPU", model: str = "test/ti
         scale = 1.0 / tp
         lines = ["layer,tokens,time_us"]
         for layer in DENSE_LAYERS:
-            s = 1.0 if layer in ("layernorm", "final_layernorm") else scale
+            s = (10.0 if tp > 1 else 1.0) if layer in ("layernorm", "final_layernorm") else scale
             lines += [f"{layer},{t},{dense_us(layer, t) * s:.6g}" for t in TOKENS]
         (d / "dense.csv").write_text("\n".join(lines) + "\n")
         lines = ["layer,sequences,time_us"]
         lines += [f"lm_head,{n},{(100 + 2 * n) * scale:.6g}" for n in SEQS]
-        lines += [f"sampler,{n},{10 + n:.6g}" for n in SEQS]
+        lines += [f"sampler,{n},{(10 + n) * (10 if tp > 1 else 1):.6g}" for n in SEQS]
         (d / "per_sequence.csv").write_text("\n".join(lines) + "\n")
         lines = ["prefill_chunk,kv_prefill,n_decode,kv_decode,time_us"]
         for pc in PC_AXIS:
             for nd in ND_AXIS:
-                if (pc, nd) == (0, 0) or (pc > 0 and nd == 4):
+                if (pc, nd) == (0, 0) or (pc > 0 and nd == 64):
                     continue
                 kps = (0,) if pc == 0 else (0, 64, 96)
                 for kp in kps:
@@ -129,8 +132,8 @@ def test_load_synthetic_bundle_layout_and_index(tmp_path: Path) -> None:
     assert t1.dense["qkv_proj"].ys[0] == round(dense_us("qkv_proj", 1) * 1000)
     att = t1.attention
     assert att.pc_axis == PC_AXIS and att.nd_axis == ND_AXIS
-    assert (16, 4) not in att.slices and (0, 0) not in att.slices
-    assert att.nd_by_pc[16] == (0, 1, 2) and att.nd_by_pc[0] == (1, 2, 4)
+    assert (16, 64) not in att.slices and (0, 0) not in att.slices
+    assert att.nd_by_pc[16] == (0, 1, 2, 4) and att.nd_by_pc[0] == (1, 2, 4, 64)
     sl = att.slices[(16, 2)]
     assert sl.kp == (0, 64, 96)
     assert sl.rows[0].xs == (16, 32, 64) and sl.rows[2].xs == (32, 64)  # ragged rows

@@ -32,6 +32,14 @@ all-to-all (not implemented), halvingDoubling all-reduce on a chunk under ``2n``
 message), halvingDoubling / doubleBinaryTree on a non-power-of-two dimension.
 
 Results are memoised on (collective, bytes, topology, system config, involved dimensions).
+
+Beyond the golden data (extrapolations of the same rules, not verified against the simulator):
+NPU counts that are not powers of two (ring / direct only), more than two dimensions,
+doubleBinaryTree on a non-last dimension or with several chunks in a multi-dimensional
+collective (its phases are then list-scheduled with the tree's single-chunk time, and the
+first-NPU time uses the root's time), collectives over a subset of dimensions (the minimum chunk
+is one byte per NPU of the group), and concurrent collectives sharing dimension queues (each call
+prices an isolated collective started at t = 0 on every NPU).
 """
 
 from __future__ import annotations

@@ -142,3 +142,15 @@ def test_system_config_validation(change: dict, match: str) -> None:
     raw = {k: v for k, v in raw.items() if v is not None}
     with pytest.raises(ConfigError, match=match):
         system_config_from_dict(raw)
+
+
+def test_package_imports_no_platform_libraries() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, astra_bridge, astra_bridge.golden; "
+        "bad = [m for m in ('ray', 'hydra', 'mlflow') if m in sys.modules]; "
+        "sys.exit(1 if bad else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -92,6 +92,22 @@ class KVCacheManager:
         """Reserve slots for ``num_new_tokens`` more tokens; False (and no change) if the
         pool cannot supply them. Registers newly full blocks in the prefix cache at once
         (schedule time), as vLLM does."""
+        if not hit_blocks and not num_new_computed_tokens:
+            blocks = self.req_blocks.get(req.index)
+            if blocks is not None:  # running request: the hot path, no new hits possible
+                need_slots = req.num_computed_tokens + num_new_tokens
+                if need_slots > self.max_model_len:
+                    need_slots = self.max_model_len
+                k = -(-need_slots // self.block_size) - len(blocks)
+                if k > 0:
+                    if k > self.pool.num_free:
+                        return False
+                    blocks.extend(self.pool.get_new_blocks(k))
+                if self.enable_caching:
+                    upto = need_slots if need_slots < req.num_tokens else req.num_tokens
+                    if upto // self.block_size > self.num_cached_block[req.index]:
+                        self.cache_blocks(req, upto)
+                return True
         hb = hit_blocks or []
         total_computed = min(req.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
         need_slots = min(total_computed + num_new_tokens, self.max_model_len)

@@ -118,6 +118,8 @@ def validate_engine_config(config: EngineConfig) -> None:
         )
     if config.tensor_parallel_size < 1:
         raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} must be >= 1")
+    if config.step_overhead_us < 0:
+        raise ConfigError(f"step_overhead_us={config.step_overhead_us} must be >= 0")
     if config.num_gpu_blocks_override is not None and config.num_gpu_blocks_override < 2:
         raise ConfigError(
             f"num_gpu_blocks_override={config.num_gpu_blocks_override} must be >= 2 "

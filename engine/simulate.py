@@ -50,13 +50,11 @@ def simulate(
     config: EngineConfig,
     workload: Sequence[RequestSpec],
     latency: LatencyModel,
-    *,
-    step_overhead_ns: int = 0,
 ) -> SimulationResult:
     """Simulate one vLLM V1 instance serving ``workload`` and return its results.
 
     ``latency`` prices each step (``profiles.ProfiledLatencyModel`` or a roofline bundle);
-    ``step_overhead_ns`` adds a fixed host-side cost per step.
+    ``config.step_overhead_us`` adds a fixed host-side cost per step.
     """
     t0 = time.perf_counter()
     cap = kv_capacity(model, hardware, config)
@@ -76,7 +74,7 @@ def simulate(
         Request(spec, i, config.block_size, config.enable_prefix_caching)
         for i, spec in enumerate(workload)
     ]
-    inst = Instance(sched, latency, step_overhead_ns=step_overhead_ns)
+    inst = Instance(sched, latency, step_overhead_ns=round(config.step_overhead_us * 1000))
     end_ns = inst.run(requests)
     start_ns = requests[0].arrival_ns
     result = SimulationResult(

@@ -73,4 +73,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     num_gpu_blocks_override: int | None = None
     async_scheduling: bool = True
+    # Host-side cost of one engine step that kernel-level profiles do not contain (input
+    # preparation, launch gaps, output processing not hidden by async scheduling). Calibrated
+    # on the RTX PRO 6000 / Llama-3.1-8B vLLM 0.19 run (docs/validation.md).
+    step_overhead_us: float = 550.0
     extra: dict[str, object] = field(default_factory=dict)

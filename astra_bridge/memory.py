@@ -168,6 +168,21 @@ class MemoryModel:
         slow = a if a.bandwidth_gbps <= b.bandwidth_gbps else b
         return int(a.latency_ns) + int(b.latency_ns) + slow.stream_ns(nbytes)
 
+    def concurrent_load_ns(self, nbytes: int, tier: str | TierKind, requesters: int = 1) -> int:
+        """Finish time of ``requesters`` NPUs loading the same ``nbytes`` from ``tier`` at t = 0.
+
+        The reference bills a KV recall at its full size on every NPU of the instance (serving-
+        core §9.7). A serialised device (a node's host DRAM, a CXL pool) serves them one after
+        another, so the last NPU finishes after ``requesters`` accesses; HBM does not queue.
+        """
+        _check_bytes(nbytes)
+        if isinstance(requesters, bool) or not isinstance(requesters, int) or requesters < 1:
+            raise ConfigError(f"requesters: {requesters!r} must be a positive integer")
+        t = self.tier(tier)
+        if t.kind is TierKind.NPU_HBM or nbytes == 0:
+            return 0
+        return (requesters if t.serialised else 1) * t.access_ns(nbytes)
+
     def host_io_ns(self, input_bytes: int, output_bytes: int = 0) -> int:
         """Per-iteration host I/O: input load plus output store, each ``2*floor(B/bw) + latency``.
 

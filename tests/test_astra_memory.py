@@ -45,6 +45,17 @@ def test_kv_recall_from_host_is_latency_plus_stream() -> None:
     assert m.transfer_ns(0, "cpu", "npu") == 0
 
 
+def test_concurrent_loads_queue_on_shared_devices() -> None:
+    m = MemoryModel.from_params(hbm_bw_gbps=1597, host_bw_gbps=1, host_latency_ns=5)
+    assert m.concurrent_load_ns(100, "cpu", 1) == 105
+    assert m.concurrent_load_ns(100, "cpu", 4) == 4 * 105
+    port = MemoryPort(m.tier("cpu"))
+    assert [port.issue(0, 100) for _ in range(4)][-1] == m.concurrent_load_ns(100, "cpu", 4)
+    assert m.concurrent_load_ns(100, "npu", 4) == 0
+    with pytest.raises(ConfigError, match="requesters"):
+        m.concurrent_load_ns(100, "cpu", 0)
+
+
 def test_cxl_tier_and_lower_to_lower_transfer() -> None:
     m = MemoryModel.from_params(
         hbm_bw_gbps=1597,

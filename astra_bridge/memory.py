@@ -21,7 +21,9 @@ Formulas (integer ns):
   confirmed on five points, not derived; the latency multiplicity was not verified.
 * Serialisation: a host-DRAM device serves one request at a time per node and a CXL pool one at
   a time overall (FIFO), while HBM and per-NPU expansions do not queue. :class:`MemoryPort`
-  tracks that for callers that issue overlapping transfers.
+  tracks that for callers that issue overlapping transfers;
+  :meth:`MemoryModel.concurrent_load_ns` prices the common case of every NPU of an instance
+  loading the same bytes at once (the reference bills a KV recall that way).
 """
 
 from __future__ import annotations

@@ -131,9 +131,9 @@ class NetworkModel:
         inter_bandwidth_gbps: float | None = None,
         inter_latency_ns: float | None = None,
     ) -> NetworkModel:
-        """Reference-style model of a node of ``hardware``: FullyConnected intra-node links at
-        the accelerator's interconnect bandwidth/latency, ring algorithms, local reduction at
-        its HBM bandwidth. The bandwidth number is used as the network's GB/s (GB = 2**30 B),
+        """Reference-style model of nodes of ``hardware``: FullyConnected dimensions (as the
+        reference generates), intra-node links at the accelerator's interconnect
+        bandwidth/latency, ring algorithms, local reduction at its HBM bandwidth. The bandwidth number is used as the network's GB/s (GB = 2**30 B),
         as the reference passes ``link_bw`` to ASTRA-Sim unchanged."""
         if hardware.interconnect_bw_gbs <= 0:
             raise ConfigError(

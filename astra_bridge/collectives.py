@@ -20,9 +20,9 @@ congestion-unaware binary) to the nanosecond on the golden table in
    descending; all-to-all ascending with the full size). The data is split into chunks
    (``preferred-dataset-splits``, with a minimum chunk of one byte per NPU except for all-gather);
    each dimension runs at most ``active-chunks-per-dimension`` chunks at once from a FIFO queue
-   shared by all phases on that dimension, which :func:`_list_schedule` simulates. A single
-   ``doubleBinaryTree`` dimension with more chunks than active slots is simulated per NPU
-   (:func:`_dbt_chunked`), because its NPUs release a chunk at different times.
+   shared by all phases on that dimension, which :func:`_list_schedule` simulates. A collective
+   on a single ``doubleBinaryTree`` dimension is simulated per NPU (:func:`_dbt_chunked`),
+   because its NPUs finish (and release) each chunk at different times.
 
 Point-to-point send/recv (:func:`p2p_ns`) is ``D(h, bytes)`` on the lowest dimension in which the
 two NPU ids differ (no endpoint delay), even if they also differ in higher dimensions.

@@ -280,3 +280,11 @@ def test_length_dist_parse_passthrough():
     assert LengthDist.parse(d, "x") is d
     with pytest.raises(WorkloadError):
         LengthDist.parse(True, "x")
+
+
+def test_streams_independent():
+    a = synthetic(10, 100, seed=11, input_len="sharegpt", output_len="sharegpt")
+    b = synthetic(10, 100, seed=11, input_len=64, output_len="sharegpt")
+    assert [r.output_len for r in a] == [r.output_len for r in b]
+    assert [r.arrival_ns for r in a] == [r.arrival_ns for r in b]
+    assert [r.prompt_len for r in a] != [r.prompt_len for r in b]

@@ -6,7 +6,7 @@ One JSON object per line (blank lines are skipped)::
      "input_tok_ids": [...], "output_tok_ids": [...]}
 
 ``input_toks``, ``output_toks`` (ints >= 1) and ``arrival_time_ns`` (int >= 0, ns from
-t = 0) are required; ``input_tok_ids`` / ``output_tok_ids`` are optional lists of ints whose
+t = 0) are required (a float with an integral value, e.g. ``5.0``, is accepted as an int); ``input_tok_ids`` / ``output_tok_ids`` are optional lists of ints whose
 lengths must equal the counts. Other keys are ignored. Agentic session lines (with
 ``sub_requests``) are rejected: ``RequestSpec`` has no notion of tool calls.
 

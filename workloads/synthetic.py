@@ -9,8 +9,9 @@ them (numpy's legacy ``RandomState(seed).exponential``), so ``rate = 10, seed = 
 300 requests reproduces the arrival times of the shared ``sharegpt-*-300-sps10`` workloads
 to the nanosecond. ``rate = inf`` puts every arrival at 0 (vLLM's default burst).
 
-Lengths, prompt ids and prefix groups use independent ``numpy.random.default_rng`` streams
-derived from the seed, so changing the length distribution does not move the arrivals.
+Input lengths, output lengths, prompt ids and prefix groups each use their own
+``numpy.random.default_rng`` stream derived from the seed, so changing one length
+distribution moves neither the arrivals nor the other lengths.
 """
 
 from __future__ import annotations
@@ -203,9 +204,9 @@ def synthetic(
             f"synthetic: no arrival within duration_s={duration_s} at rate={rate}; "
             "raise the duration or the rate"
         )
-    len_rng, ids_rng, group_rng = (np.random.default_rng([seed, k]) for k in (1, 2, 3))
-    in_lens = in_dist.sample(len_rng, n, "input")
-    out_lens = out_dist.sample(len_rng, n, "output")
+    in_rng, out_rng, ids_rng, group_rng = (np.random.default_rng([seed, k]) for k in range(1, 5))
+    in_lens = in_dist.sample(in_rng, n, "input")
+    out_lens = out_dist.sample(out_rng, n, "output")
 
     flat = ids_rng.integers(0, vocab_size, size=int(in_lens.sum()), dtype=np.int64).tolist()
     prefixes: list[list[int]] = []

@@ -83,14 +83,23 @@ def locate(xs: Sequence[int], q: float) -> tuple[int, int, float]:
 
 
 def interp1d(xs: Sequence[int], ys: Sequence[float], q: float) -> float:
-    """1-D lookup: 0 for an empty table, else clamp below / exact / linear / extrapolate above."""
-    if not xs:
+    """1-D lookup: 0 for an empty table, else clamp below / exact / linear / extrapolate above.
+
+    Same semantics as blending ``ys`` at :func:`locate`'s result (inlined: hot path).
+    """
+    n = len(xs)
+    if n == 0:
         return 0.0
-    lo, hi, t = locate(xs, q)
-    y0 = ys[lo]
-    if lo == hi:
-        return float(y0)
-    return y0 + t * (ys[hi] - y0)
+    if n == 1 or q <= xs[0]:
+        return float(ys[0])
+    i = bisect_right(xs, q) - 1
+    if xs[i] == q:
+        return float(ys[i])
+    if i >= n - 1:
+        i = n - 2
+    x0 = xs[i]
+    y0 = ys[i]
+    return y0 + (q - x0) / (xs[i + 1] - x0) * (ys[i + 1] - y0)
 
 
 def curve_ns(curve: Curve, q: float) -> int:
@@ -135,12 +144,13 @@ def _slice_value(table: AttentionTable, pair: tuple[int, int], kp: int, kv: int)
 class _AttentionLookup:
     """The 4-D attention blend over one :class:`AttentionTable` (with memoised corner fallbacks)."""
 
-    __slots__ = ("table", "ragged_nd", "_nearest")
+    __slots__ = ("table", "ragged_nd", "_nearest", "_memo")
 
     def __init__(self, table: AttentionTable, ragged_nd: bool) -> None:
         self.table = table
         self.ragged_nd = ragged_nd
         self._nearest: dict[tuple[int, int], tuple[int, int] | None] = {}
+        self._memo: dict[tuple[int, int, int, int], int] = {}
 
     def _nearest_pair(self, p: int, n: int) -> tuple[int, int] | None:
         key = (p, n)
@@ -167,7 +177,16 @@ class _AttentionLookup:
         return c0 + t * (self._corner(p, nd_axis[hi], kp, kv) - c0)
 
     def __call__(self, pc: int, kp: int, nd: int, kv: int) -> int:
-        """Blended attention time, truncated to int, at least 1 ns."""
+        """Blended attention time, truncated to int, at least 1 ns (memoised)."""
+        key = (pc, kp, nd, kv)
+        v = self._memo.get(key)
+        if v is None:
+            if len(self._memo) >= _MAX_CACHE:
+                self._memo.clear()
+            v = self._memo[key] = self._blend(pc, kp, nd, kv)
+        return v
+
+    def _blend(self, pc: int, kp: int, nd: int, kv: int) -> int:
         tab = self.table
         lo, hi, t = locate(tab.pc_axis, pc)
         p0 = tab.pc_axis[lo]
@@ -262,9 +281,63 @@ class ProfiledLatencyModel:
         self._alpha_fallback = 0.0
         if bundle.skew_fit.enabled and self._skew_entry is None:
             self._alpha_fallback = bundle.skew_fit.alpha_default or 0.0
+        self._tok_groups = self._group_rows("dense")
+        self._seq_groups = self._group_rows("per_sequence")
+        self._tok_cache: dict[int, int] = {}
+        self._seq_cache: dict[int, int] = {}
         self._cache: dict[BatchShape, int] = {}
 
     # ------------------------------------------------------------------ construction helpers
+
+    def _group_rows(self, kind: str) -> list[tuple[tuple[int, ...], list[tuple[tuple[int, ...], int]]]]:
+        """Rows of one key kind over the whole step, grouped by identical key grids.
+
+        Each group is (keys, [(values, weight)]) with weight = rows per step (x num_layers for
+        block rows), so one bracket per grid prices every row on it.
+        """
+        groups: dict[tuple[int, ...], list[tuple[tuple[int, ...], int]]] = {}
+        L = self.model.num_layers
+        for mult, section in ((1, self._prologue), (L, self._block), (1, self._head)):
+            for _, k, c, n in section:
+                if k == kind:
+                    groups.setdefault(c.xs, []).append((c.ys, mult * n))
+        return list(groups.items())
+
+    @staticmethod
+    def _price_groups(groups, q: int) -> int:
+        total = 0
+        for xs, entries in groups:
+            lo, hi, t = locate(xs, q)
+            if lo == hi:
+                for ys, w in entries:
+                    total += w * ys[lo]  # profile values are integer ns >= 1
+            else:
+                for ys, w in entries:
+                    y0 = ys[lo]
+                    total += w * max(int(y0 + t * (ys[hi] - y0)), 1)
+        return total
+
+    def _token_part(self, tokens: int) -> int:
+        """All rows keyed on total tokens (dense rows and the MoE block), whole step."""
+        v = self._tok_cache.get(tokens)
+        if v is None:
+            v = self._price_groups(self._tok_groups, max(tokens, 1))
+            if self._moe is not None:
+                v += self.model.num_layers * self._moe_for_tokens(tokens)
+            if len(self._tok_cache) >= _MAX_CACHE:
+                self._tok_cache.clear()
+            self._tok_cache[tokens] = v
+        return v
+
+    def _seq_part(self, seqs: int) -> int:
+        """All per-sequence rows (lm_head, sampler), whole step."""
+        v = self._seq_cache.get(seqs)
+        if v is None:
+            v = self._price_groups(self._seq_groups, max(seqs, 1))
+            if len(self._seq_cache) >= _MAX_CACHE:
+                self._seq_cache.clear()
+            self._seq_cache[seqs] = v
+        return v
 
     def _dense_rows(self, names: Sequence[str], skip_rotary: bool) -> list[tuple[str, str, Curve, int]]:
         """(name, kind, curve, count) for the dense / per-sequence rows of one section."""
@@ -328,7 +401,10 @@ class ProfiledLatencyModel:
         """MoE block of one layer on this GPU's EP rank (0 for dense models or no routed tokens)."""
         if self._moe is None:
             return 0
-        tokens, activated = balanced_routing(shape.total_tokens, self.model.num_experts,
+        return self._moe_for_tokens(shape.total_tokens)
+
+    def _moe_for_tokens(self, total_tokens: int) -> int:
+        tokens, activated = balanced_routing(total_tokens, self.model.num_experts,
                                              self.model.num_experts_per_tok, self.ep)
         if tokens <= 0:
             return 0
@@ -354,17 +430,8 @@ class ProfiledLatencyModel:
         return v
 
     def _compute(self, shape: BatchShape) -> int:
-        tok = max(shape.total_tokens, 1)
-        seq = max(shape.num_seqs, 1)
-        block = self.attention_ns(shape) + self.moe_ns(shape)
-        for _, _, c, n in self._block:
-            block += n * max(int(interp1d(c.xs, c.ys, tok)), 1)
-        total = self.model.num_layers * block
-        for section in (self._prologue, self._head):
-            for _, kind, c, n in section:
-                q = seq if kind == "per_sequence" else tok
-                total += n * max(int(interp1d(c.xs, c.ys, q)), 1)
-        return total + self.host_io_ns(shape)
+        return (self._token_part(shape.total_tokens) + self._seq_part(shape.num_seqs)
+                + self.model.num_layers * self.attention_ns(shape) + self.host_io_ns(shape))
 
     def breakdown(self, shape: BatchShape) -> dict[str, int]:
         """Nanoseconds per row name over the whole step (all layers), plus ``host_io``.
@@ -390,4 +457,8 @@ class ProfiledLatencyModel:
         return len(self._cache)
 
     def clear_cache(self) -> None:
+        """Forget every memoised value (shapes, per-token / per-sequence parts, attention)."""
         self._cache.clear()
+        self._tok_cache.clear()
+        self._seq_cache.clear()
+        self._attention._memo.clear()

@@ -1,0 +1,109 @@
+"""KV capacity (``mem_size · mem_util − weights``) and clear errors for bad engine input."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from engine import EngineConfig, RequestSpec, simulate
+from engine.memory import kv_capacity
+from engine.specs import ConfigError, HardwareSpec
+from profiles.catalog import load_model
+
+
+def _hw(gib: float) -> HardwareSpec:
+    return HardwareSpec("card", gib, 1000.0, 100.0, 200.0)
+
+
+@pytest.mark.parametrize(
+    ("model", "gib", "tp", "util", "blocks"),
+    [
+        # Independently computed vectors of the formula (serving-core spec §10.3).
+        ("meta-llama/Llama-3.1-8B", 24, 1, 0.9, 3400),
+        ("meta-llama/Llama-3.1-8B", 24, 1, 0.833919, 2588),
+        ("meta-llama/Llama-3.1-8B", 96, 1, 0.9, 36578),
+        ("meta-llama/Llama-3.1-8B", 96, 2, 0.9, 80815),
+        ("Qwen/Qwen3-32B", 96, 2, 0.9, 28614),
+        ("meta-llama/Llama-3.1-70B", 80, 4, 0.9, 32066),
+    ],
+)
+def test_capacity_formula(model: str, gib: float, tp: int, util: float, blocks: int) -> None:
+    cap = kv_capacity(
+        load_model(model), _hw(gib), EngineConfig(gpu_memory_utilization=util, tensor_parallel_size=tp)
+    )
+    assert cap.num_blocks == blocks
+    assert cap.tokens == blocks * 16
+
+
+def test_fp8_kv_doubles_blocks() -> None:
+    m = load_model("meta-llama/Llama-3.1-8B")
+    bf16 = kv_capacity(m, _hw(96), EngineConfig())
+    fp8 = kv_capacity(m, _hw(96), EngineConfig(kv_cache_dtype="fp8"))
+    assert fp8.bytes_per_block * 2 == bf16.bytes_per_block
+    assert fp8.num_blocks in (2 * bf16.num_blocks, 2 * bf16.num_blocks + 1)
+
+
+def test_override_replaces_formula_and_is_reported() -> None:
+    m = load_model("meta-llama/Llama-3.1-8B")
+    cap = kv_capacity(m, _hw(96), EngineConfig(num_gpu_blocks_override=500))
+    assert cap.num_blocks == 500 and cap.formula_num_blocks == 36578
+    assert "8000 tokens / 500 blocks" in cap.describe()
+
+
+def test_mem_util_as_percent_is_refused_with_a_hint() -> None:
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization=90.*did you mean 0\.90"):
+        kv_capacity(load_model("meta-llama/Llama-3.1-8B"), _hw(96), EngineConfig(gpu_memory_utilization=90))
+
+
+def test_model_that_does_not_fit_names_the_fix() -> None:
+    with pytest.raises(ConfigError, match="does not fit.*raise tensor_parallel_size"):
+        kv_capacity(load_model("meta-llama/Llama-3.1-70B"), _hw(24), EngineConfig())
+
+
+def test_tp_must_divide_heads() -> None:
+    with pytest.raises(ConfigError, match="tensor_parallel_size=3 does not divide"):
+        kv_capacity(load_model("meta-llama/Llama-3.1-8B"), _hw(96), EngineConfig(tensor_parallel_size=3))
+
+
+class _FlatLatency:
+    def iteration_ns(self, shape) -> int:  # noqa: ANN001 - protocol
+        return 1_000_000 + 1000 * shape.total_tokens
+
+
+def _req(i: int, arrival: int, plen: int = 20, olen: int = 4) -> RequestSpec:
+    return RequestSpec(f"r{i}", arrival, tuple(range(i * 100, i * 100 + plen)), olen)
+
+
+def test_request_longer_than_context_is_refused() -> None:
+    m = load_model("meta-llama/Llama-3.1-8B")
+    with pytest.raises(ConfigError, match="max_model_len=64"):
+        simulate(m, _hw(96), EngineConfig(max_model_len=64), [_req(0, 0, 60, 10)], _FlatLatency())
+
+
+def test_unsorted_workload_is_refused() -> None:
+    m = load_model("meta-llama/Llama-3.1-8B")
+    with pytest.raises(ConfigError, match="sort the workload"):
+        simulate(m, _hw(96), EngineConfig(), [_req(0, 10), _req(1, 5)], _FlatLatency())
+
+
+def test_request_that_never_fits_the_cache_is_a_clear_error() -> None:
+    m = load_model("meta-llama/Llama-3.1-8B")
+    cfg = EngineConfig(num_gpu_blocks_override=3)
+    with pytest.raises(ConfigError, match="never fits in the KV cache"):
+        simulate(m, _hw(96), cfg, [_req(0, 0, 100, 4)], _FlatLatency())
+
+
+def test_idle_clock_jumps_to_arrivals_and_times_are_consistent() -> None:
+    m = load_model("meta-llama/Llama-3.1-8B")
+    reqs = [_req(0, 0), _req(1, 5_000_000_000)]
+    for async_ in (True, False):
+        res = simulate(m, _hw(96), replace(EngineConfig(), async_scheduling=async_, step_overhead_us=0),
+                       reqs, _FlatLatency())
+        df = res.requests
+        # Request 1 arrives to an idle engine: its prefill starts at its arrival.
+        assert df.first_token_ns[1] == 5_000_000_000 + 1_000_000 + 1000 * 20
+        assert (df.output_len == 4).all()
+        assert all(len(t) == 4 for t in df.token_times_ns)
+        assert (df.finish_ns >= df.first_token_ns).all()
+        assert res.num_steps == 8

@@ -17,7 +17,9 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from engine.specs import ConfigError
 from sweep.schema import register
+from sweep.validate import check_config
 
 log = logging.getLogger(__name__)
 register()
@@ -41,9 +43,15 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     """Simulate the point described by ``cfg``; record it too when not in a multirun."""
     from sweep.job import run_point
 
-    result = run_point(cfg)
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode == RunMode.RUN:
+    single = hydra_cfg.mode == RunMode.RUN
+    if single:
+        try:
+            check_config(cfg)
+        except ConfigError as err:  # one clear message instead of a traceback
+            raise SystemExit(f"Invalid config; nothing was run.\n{err}") from None
+    result = run_point(cfg)
+    if single:
         from sweep.recorder import SweepRecorder
 
         out_dir = Path(hydra_cfg.runtime.output_dir)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,20 +60,18 @@ class RayActorLauncher(Launcher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         jobs = self._compose(job_overrides, initial_job_idx, sweep_dir)
         if self.params.validator:
-            validate = load_attr(self.params.validator, "validator")
-            for _idx, cfg in jobs:
-                validate(_task_view(cfg))
+            self._validate(jobs)
         log.info(f"Launching {len(jobs)} jobs on Ray actors, sweep dir {sweep_dir}")
         recorder = self._make_recorder(sweep_dir, len(jobs))
-        if recorder is not None:
-            recorder.start()
+        # The recorder opens its store (e.g. migrates an MLflow DB) while Ray starts.
+        starting = InBackground(recorder.start) if recorder is not None else None
         status = "KILLED"
         try:
-            results = self._run(jobs, job_overrides, initial_job_idx, recorder)
+            results = self._run(jobs, job_overrides, initial_job_idx, recorder, starting)
             failed = sum(r.status == JobStatus.FAILED for r in results.values())
             status = "FAILED" if failed else "FINISHED"
         finally:
-            if recorder is not None:
+            if recorder is not None and starting is not None and starting.succeeded():
                 recorder.close(status)
         ordered = [results[initial_job_idx + i] for i in range(len(jobs))]
         if failed:
@@ -101,6 +100,18 @@ class RayActorLauncher(Launcher):
             jobs.append((idx, cfg))
         return jobs
 
+    def _validate(self, jobs: list[tuple[int, DictConfig]]) -> None:
+        """Run the validator on every job config; the first error ends the process."""
+        validate = load_attr(self.params.validator, "validator")
+        for idx, cfg in jobs:
+            try:
+                validate(_task_view(cfg))
+            except Exception as err:
+                overrides = " ".join(filter_overrides(list(cfg.hydra.overrides.task)))
+                raise SystemExit(
+                    f"Invalid config in job #{idx} ({overrides}); no job was started.\n{err}"
+                ) from None
+
     def _make_recorder(self, sweep_dir: Path, num_jobs: int) -> Recorder | None:
         if not self.params.recorder:
             return None
@@ -114,6 +125,7 @@ class RayActorLauncher(Launcher):
         job_overrides: Sequence[Sequence[str]],
         initial_job_idx: int,
         recorder: Recorder | None,
+        starting: InBackground | None,
     ) -> dict[int, JobReturn]:
         import ray
 
@@ -131,6 +143,8 @@ class RayActorLauncher(Launcher):
             size = self._pool_size(ray, actor_options, len(jobs))
             actors = [remote_cls.remote() for _ in range(size)]
             ray.get([a.pid.remote() for a in actors], timeout=self.params.ready_timeout_s)
+            if starting is not None:
+                starting.wait()
             pool = ActorSet(actors, remote_cls.remote, self.params.job_timeout_s)
             ctx_ref = ray.put(self.hydra_context)
             fn_ref = ray.put(self.task_function)
@@ -195,6 +209,30 @@ class RayActorLauncher(Launcher):
         if wanted > fits:
             log.warning(f"hydra.launcher.num_actors={wanted} capped to {fits} (cluster CPUs)")
         return max(1, min(wanted, fits, num_jobs))
+
+
+class InBackground:
+    """Run ``fn`` in a thread; ``wait`` joins it and re-raises its exception."""
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._call, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as err:  # handed to the waiting thread
+            self._error = err
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def succeeded(self) -> bool:
+        self._thread.join()
+        return self._error is None
 
 
 def _task_view(cfg: DictConfig) -> DictConfig:

@@ -40,8 +40,10 @@ import math
 from bisect import bisect_right
 from collections.abc import Sequence
 
+import numpy as np
+
 from engine.batch import BatchShape
-from engine.specs import ConfigError, ModelSpec
+from engine.specs import ConfigError, EngineConfig, ModelSpec
 from profiles.architecture import Architecture, load_architecture
 from profiles.bundle import (
     AttentionTable,
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 _DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
                 "fp32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1, "int8": 1}
 _MAX_CACHE = 1 << 20  # memo entries before the cache is reset
+_WARNED: set[str] = set()
 
 
 # ------------------------------------------------------------------------- interpolation primitives
@@ -100,6 +103,30 @@ def interp1d(xs: Sequence[int], ys: Sequence[float], q: float) -> float:
     x0 = xs[i]
     y0 = ys[i]
     return y0 + (q - x0) / (xs[i + 1] - x0) * (ys[i + 1] - y0)
+
+
+def interp1d_many(xs: np.ndarray, ys: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`interp1d` over an array of queries (bit-identical results)."""
+    q = np.asarray(q, dtype=np.float64)
+    n = len(xs)
+    if n == 0:
+        return np.zeros(q.shape)
+    ys = np.asarray(ys, dtype=np.float64)
+    if n == 1:
+        return np.full(q.shape, ys[0])
+    raw = np.searchsorted(xs, q, side="right") - 1
+    i = np.clip(raw, 0, n - 2)
+    x0, y0 = xs[i].astype(np.float64), ys[i]
+    out = y0 + (q - x0) / (xs[i + 1] - x0) * (ys[i + 1] - y0)
+    rawc = np.clip(raw, 0, n - 1)
+    out = np.where(xs[rawc] == q, ys[rawc], out)
+    return np.where(q <= xs[0], ys[0], out)
+
+
+def curve_ns_many(curve: Curve, q: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`curve_ns`: truncated to int64, at least 1."""
+    v = interp1d_many(curve.keys, curve.values, q)
+    return np.maximum(np.trunc(v), 1).astype(np.int64)
 
 
 def curve_ns(curve: Curve, q: float) -> int:
@@ -451,6 +478,18 @@ class ProfiledLatencyModel:
             out["moe"] = L * self.moe_ns(shape)
         out["host_io"] = self.host_io_ns(shape)
         return out
+
+    def check_engine(self, engine: EngineConfig) -> list[str]:
+        """Warn (once per message) when the engine's limits exceed the profiled range.
+
+        Lookups beyond it extrapolate linearly from the top two grid points. Returns the messages.
+        """
+        msgs = self.bundle.beyond_profiled_range(engine.max_num_batched_tokens, engine.max_num_seqs)
+        for msg in msgs:
+            if msg not in _WARNED:
+                _WARNED.add(msg)
+                log.warning("%s", msg)
+        return msgs
 
     def cache_info(self) -> int:
         """Number of memoised shapes."""

@@ -99,3 +99,13 @@ def test_nd_corner_fix_changes_only_large_mixed_batches(shared_data: Path) -> No
     for s in (BatchShape(1 + 200, 200, 0, 0, 200, sum(decodes), 1000, 1000),
               BatchShape(512 + 100, 101, 512, 0, 100, 100 * 1000, 1000, 1000)):
         assert quirk.attention_ns(s) == fixed.attention_ns(s)
+
+
+def test_breakdown_matches_fast_path_on_real_bundles(shared_data: Path) -> None:
+    """The grouped/memoised step price equals the per-row breakdown for many batches."""
+    shapes = xc.random_shapes(300, seed=7)
+    for name, tp, ep in (("meta-llama/Llama-3.1-8B", 1, 1), ("Qwen/Qwen3-32B", 2, 1),
+                         ("Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 2)):
+        m = model(shared_data, name, tp, ep)
+        for s in shapes:
+            assert sum(m.breakdown(s).values()) == m.iteration_ns(s), (name, s)

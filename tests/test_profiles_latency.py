@@ -6,20 +6,24 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_profiles_bundle import DENSE_LAYERS, attn_us, dense_us, write_bundle
 
 from engine.batch import BatchShape
-from engine.specs import ConfigError, ModelSpec
+from engine.specs import ConfigError, EngineConfig, ModelSpec
 from profiles.architecture import ArchitectureError
-from profiles.bundle import BundleError, clear_bundle_cache, load_bundle
+from profiles.bundle import BundleError, Curve, clear_bundle_cache, load_bundle
 from profiles.latency import (
     ProfiledLatencyModel,
     balanced_routing,
     bucket_label,
+    curve_ns,
+    curve_ns_many,
     interp1d,
+    interp1d_many,
     locate,
 )
 
@@ -86,6 +90,20 @@ def test_interp1d_edge_sizes() -> None:
     assert interp1d((5,), (9,), 100) == 9.0
     # extrapolation uses the top two points only, and can go below the first value
     assert interp1d((1, 2, 3), (50, 40, 10), 4) == -20.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.integers(0, 5000), min_size=1, max_size=30, unique=True),
+    vals=st.lists(st.integers(1, 10**7), min_size=30, max_size=30),
+    qs=st.lists(st.integers(-10, 7000), min_size=1, max_size=50),
+)
+def test_vectorised_lookup_matches_scalar(keys, vals, qs) -> None:
+    c = Curve.build(keys, vals[: len(keys)])
+    q = np.array(qs)
+    many = interp1d_many(c.keys, c.values, q)
+    assert many.tolist() == [interp1d(c.xs, c.ys, x) for x in qs]
+    assert curve_ns_many(c, q).tolist() == [curve_ns(c, x) for x in qs]
 
 
 def test_bucket_label_right_inclusive_and_overflow() -> None:
@@ -291,6 +309,14 @@ def test_missing_layer_is_skipped_with_warning(tmp_path: Path, caplog) -> None:
         m = make_model(tmp_path, qwen)
     assert "qk_norm" in caplog.text
     assert "qk_norm" not in m.breakdown(shape([(8, 0)]))
+
+
+def test_check_engine_warns_beyond_profiled_range(tmp_path: Path, caplog) -> None:
+    m = make_model(tmp_path)
+    assert m.check_engine(EngineConfig(max_num_batched_tokens=16, max_num_seqs=4)) == []
+    with caplog.at_level(logging.WARNING, logger="profiles.latency"):
+        msgs = m.check_engine(EngineConfig(max_num_batched_tokens=2048, max_num_seqs=4))
+    assert len(msgs) == 1 and "extrapolate" in caplog.text
 
 
 def test_rotary_skipped_on_tpu(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ class Instance:
 
     def _duration(self, step: ScheduledStep) -> int:
         assert step.shape is not None
-        return int(self.latency.iteration_ns(step.shape)) + self.step_overhead_ns
+        return int(self.latency.iteration_ns(step.shape)) + self.step_overhead_ns + step.extra_ns
 
     def _record(self, step: ScheduledStep, end_ns: int) -> None:
         log = self.log

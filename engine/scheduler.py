@@ -31,6 +31,9 @@ class ScheduledStep:
     shape: BatchShape | None = None
     total_tokens: int = 0
     prompt_tokens: int = 0  # tokens of entries that are prefill chunks (n > 1)
+    # Time this step spends beyond the batch's compute, on its critical path (e.g. recalling
+    # prefix-cache KV from a lower memory tier). Added by whoever causes it.
+    extra_ns: int = 0
 
 
 class Scheduler:

@@ -372,3 +372,22 @@ def test_any_batch_prices_positive_and_consistent(tmp_path_factory, pc, kp, deco
 
 
 _PROP_MODEL: ProfiledLatencyModel | None = None
+
+
+def test_skew_rate_of_uniform_batch_is_half(tmp_path: Path) -> None:
+    m = make_model(tmp_path, skew=SKEW)
+    # equal KVs: rate 0.5 -> the "sr<=70%" bucket (alpha 0.75), not "sr<=40%" (default 0.25)
+    assert m.skew_alpha(shape(decodes=[64, 64])) == 0.75
+
+
+def test_nearest_pair_ties_resolve_to_first_sorted_pair() -> None:
+    from profiles.bundle import AttentionSlice, AttentionTable
+    from profiles.latency import _AttentionLookup
+
+    row = AttentionSlice(kp=(0,), rows=(Curve.build([16], [1000]),))
+    other = AttentionSlice(kp=(0,), rows=(Curve.build([0], [3000]),))
+    table = AttentionTable(pc_axis=(0, 2), nd_axis=(0, 2), slices={(0, 2): row, (2, 0): other},
+                           pairs=((0, 2), (2, 0)), nd_by_pc={0: (2,), 2: (0,)})
+    lookup = _AttentionLookup(table, ragged_nd=False)
+    assert lookup._nearest_pair(0, 0) == (0, 2)  # both at squared distance 4
+    assert lookup(0, 0, 0, 16) == 1000

@@ -25,9 +25,11 @@ with 1..128 sequences match only without it. Pass ``host_mem_bw_gbs=None`` to dr
 
 ``reference_quirks=True`` (default) reproduces the reference numbers exactly, including its
 quirk for attention corners that were never profiled: a (prefill_chunk, n_decode) corner absent
-from the table is replaced by the nearest profiled pair by raw squared distance, which for a
-mixed batch with more than 128 decodes substitutes the pure-decode slice (0, 256) for
-(pc, 256) and silently drops the prefill part at that corner. With ``reference_quirks=False``
+from the table is replaced by the nearest profiled pair by raw squared distance (ties go to the
+first pair in (pc, nd) order; the reference's tie order is not observable in its outputs). For a
+mixed batch with more than 128 decodes the missing (pc, 256) corner becomes the pure-decode
+slice (0, 256) when pc < 128 (dropping the prefill part at that corner) and (pc, 128) when
+pc >= 128 (flattening the n_decode axis above 128). With ``reference_quirks=False``
 the n_decode axis is instead bracketed per prefill-chunk on the n_decode values that exist for
 that chunk, so such a batch extrapolates linearly from that chunk's own n_decode = 64 / 128
 rows.

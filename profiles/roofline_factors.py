@@ -1,0 +1,150 @@
+"""Efficiency factors and fixed overheads of the roofline latency model, per kernel category.
+
+The values live in ``profiles/roofline_factors.yaml`` (fitted by ``python -m
+profiles.roofline_fit``). Every kernel category has one :class:`KernelFactors`; a
+category's time is
+
+    launch_us + per_seq_us * sequences
+      + ( (flops / (peak * eff_compute))**p + (bytes / (bw * eff_memory))**p
+          + serial**p ) ** (1/p),       p = sharpness,
+
+i.e. a roofline whose corner is rounded by a finite ``sharpness`` (p -> infinity is the
+plain ``max``; p = 1 is "no overlap", the sum). ``serial`` only exists for attention: the
+time one thread block needs to walk the longest key sequence on its own
+(``serial_ns_per_key`` per key at head_dim 128), which bounds varlen prefill kernels that
+have too few blocks to fill the GPU. Also for attention, ``bytes`` includes
+``mixed_gqa_share`` times the extra K/V traffic of decodes that share a varlen call with a
+prefill chunk and are then read once per query head rather than once per KV head.
+Attention calls without a prefill chunk run a different (split-KV) kernel and use
+``decode_launch_us`` / ``decode_per_seq_us`` in place of ``launch_us`` / ``per_seq_us``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from engine.specs import ConfigError
+
+DEFAULT_FACTORS_PATH = Path(__file__).with_name("roofline_factors.yaml")
+
+#: Kernel categories and the canonical layer names priced by each.
+CATEGORY_OF_LAYER: dict[str, str] = {
+    "embedding": "embedding",
+    "layernorm": "norm",
+    "final_layernorm": "norm",
+    "qk_norm": "head_norm",
+    "rotary_emb": "rotary",
+    "qkv_proj": "gemm",
+    "o_proj": "gemm",
+    "gate_up_proj": "gemm",
+    "down_proj": "gemm",
+    "act_fn": "activation",
+    "lm_head": "lm_head",
+    "sampler": "sampler",
+    "attention": "attention",
+    "moe": "moe",
+}
+CATEGORIES: tuple[str, ...] = tuple(sorted(set(CATEGORY_OF_LAYER.values())))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelFactors:
+    """Calibration of one kernel category (see the module docstring for the formula)."""
+
+    eff_compute: float = 1.0  # achieved fraction of the tensor-core peak
+    eff_memory: float = 1.0  # achieved fraction of HBM bandwidth
+    launch_us: float = 0.0  # fixed time per module invocation (kernel launches, tails)
+    sharpness: float = 8.0  # p of the rounded max; large = plain roofline max
+    per_seq_us: float = 0.0  # attention: extra time per sequence in the varlen batch
+    serial_ns_per_key: float = 0.0  # attention: one block's time per key (head_dim 128)
+    mixed_gqa_share: float = 0.0  # attention: share of the GQA re-read paid by mixed decodes
+    decode_launch_us: float = 0.0  # attention: launch_us of pure-decode (split-KV) calls
+    decode_per_seq_us: float = 0.0  # attention: per_seq_us of pure-decode calls
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, int | float) or not math.isfinite(v):
+                raise ConfigError(f"roofline factor {f.name} must be a finite number, got {v!r}")
+        if self.eff_compute <= 0 or self.eff_memory <= 0:
+            raise ConfigError("roofline eff_compute and eff_memory must be > 0")
+        if self.sharpness < 1:
+            raise ConfigError("roofline sharpness must be >= 1 (1 = sum, large = max)")
+        nonneg = ("launch_us", "per_seq_us", "serial_ns_per_key", "mixed_gqa_share",
+                  "decode_launch_us", "decode_per_seq_us")
+        if min(getattr(self, n) for n in nonneg) < 0:
+            raise ConfigError(f"roofline factors {', '.join(nonneg)} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineFactors:
+    """One :class:`KernelFactors` per category in :data:`CATEGORIES`."""
+
+    categories: Mapping[str, KernelFactors]
+
+    def __post_init__(self) -> None:
+        missing = [c for c in CATEGORIES if c not in self.categories]
+        if missing:
+            raise ConfigError(f"roofline factors lack categories {missing}")
+        unknown = sorted(set(self.categories) - set(CATEGORIES))
+        if unknown:
+            raise ConfigError(f"unknown roofline categories {unknown}; known: {list(CATEGORIES)}")
+
+    def for_layer(self, layer: str) -> KernelFactors:
+        """Factors of the category that prices canonical layer ``layer``."""
+        try:
+            return self.categories[CATEGORY_OF_LAYER[layer]]
+        except KeyError:
+            raise ConfigError(
+                f"the roofline model has no cost formula for layer '{layer}'; "
+                f"known layers: {sorted(CATEGORY_OF_LAYER)}"
+            ) from None
+
+    def replace(self, category: str, factors: KernelFactors) -> RooflineFactors:
+        """A copy with one category's factors swapped."""
+        cats = dict(self.categories)
+        cats[category] = factors
+        return RooflineFactors(cats)
+
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        return {c: asdict(self.categories[c]) for c in CATEGORIES}
+
+    def digest(self) -> str:
+        """SHA-256 of the canonical JSON form (part of the bundle cache key)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def factors_from_dict(data: object, source: str = "<dict>") -> RooflineFactors:
+    """Build factors from ``{"categories": {name: {field: value}}}``."""
+    if not isinstance(data, dict) or not isinstance(data.get("categories"), dict):
+        raise ConfigError(f"{source}: expected a mapping with a 'categories' mapping")
+    allowed = {f.name for f in fields(KernelFactors)}
+    cats: dict[str, KernelFactors] = {}
+    for name, vals in data["categories"].items():
+        if not isinstance(vals, dict):
+            raise ConfigError(f"{source}: categories.{name} must be a mapping")
+        bad = sorted(set(vals) - allowed)
+        if bad:
+            raise ConfigError(f"{source}: categories.{name} has unknown keys {bad}")
+        cats[str(name)] = KernelFactors(**{k: float(v) for k, v in vals.items()})
+    return RooflineFactors(cats)
+
+
+def load_factors(path: str | Path | None = None) -> RooflineFactors:
+    """Read factors from ``path`` (default: the fitted ``profiles/roofline_factors.yaml``)."""
+    p = Path(path) if path is not None else DEFAULT_FACTORS_PATH
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read roofline factors ({exc})") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: invalid YAML ({exc})") from exc
+    return factors_from_dict(data, str(p))

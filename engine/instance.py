@@ -1,27 +1,37 @@
-"""One serving instance: scheduler + KV cache + latency model, driven by an event clock.
+"""One engine core: a scheduler (or a data-parallel group of schedulers stepping in lock-step)
+with its KV cache and latency model, advanced by a global event clock.
 
-The clock is event-driven: a step starts the moment the previous one ends; when the engine
-is idle the clock jumps straight to the next arrival (vLLM's engine core blocks on its input
-queue, it does not poll).
+Time is event-driven: a step starts the moment the previous one frees the GPU; an idle engine
+does nothing until a request reaches it (vLLM's engine core blocks on its input queue, it does
+not poll).
 
-Async scheduling (vLLM 0.19 default, ``EngineCore.step_with_batch_queue`` with a batch
-queue of depth 2): step k+1 is scheduled when step k is launched, i.e. at the end of step
-k−1, before step k's output is processed. So a request arriving while step k runs is first
-seen by the schedule of step k+2, and blocks freed by step k become visible to step k+2.
-With ``async_scheduling=False`` the engine schedules, executes and processes each step in
-turn (schedule of step k+1 at the end of step k).
+Async scheduling (vLLM 0.19 default, ``EngineCore.step_with_batch_queue`` with a batch queue of
+depth 2): step k+1 is scheduled when step k is launched, i.e. at the end of step k−1, before
+step k's output is processed. So a request arriving while step k runs is first seen by the
+schedule of step k+2, and blocks freed by step k become visible to step k+2. With
+``async_scheduling=False`` the engine schedules, executes and processes each step in turn.
+
+Pipeline parallelism: up to ``pp`` batches are in flight (the batch queue is at least ``pp``
+deep); a new batch enters the first stage when the previous one leaves it
+(``latency.stage_ns``), and completes after ``latency.iteration_ns``.
+
+Data parallelism (vLLM DP): the members of a group step together; an idle member runs a dummy
+batch, the batches are padded as ``dp_pad`` says, and the group's step lasts as long as its
+slowest member.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from engine.batch import LatencyModel
+from engine.batch import BatchShape, LatencyModel
 from engine.kv_cache import KVCacheManager
-from engine.request import Request
+from engine.request import Request, RequestStatus
 from engine.scheduler import ScheduledStep, Scheduler
-from engine.specs import ConfigError
+
+DpPad = Callable[[list[BatchShape | None]], list[BatchShape]]
 
 
 class StepLog:
@@ -38,83 +48,165 @@ class StepLog:
         self.gen_tokens: list[int] = []
 
 
-class Instance:
+@dataclass(slots=True)
+class Member:
+    """One serving instance (one vLLM engine / DP rank)."""
+
+    name: str
+    scheduler: Scheduler
+    latency: LatencyModel
+    role: str = "colocated"  # "colocated", "prefill" or "decode"
+    log: StepLog = field(default_factory=StepLog)
+    # P/D decode side: requests whose KV has arrived, waiting for a slot.
+    arrived_kv: deque[Request] = field(default_factory=deque)
+    num_steps: int = 0
+    busy_ns: int = 0
+
+    @property
+    def kv(self) -> KVCacheManager:
+        return self.scheduler.kv
+
+    def load(self) -> float:
+        """vLLM-router-style load score: (4·waiting + running) / max_num_seqs."""
+        s = self.scheduler
+        return (4 * (len(s.waiting) + len(self.arrived_kv)) + len(s.running)) / s.max_num_seqs
+
+
+class EngineUnit:
+    """Drives one engine core (``len(members) == 1``) or one DP group in lock-step."""
+
     def __init__(
         self,
-        scheduler: Scheduler,
-        latency: LatencyModel,
+        members: Sequence[Member],
         *,
         step_overhead_ns: int = 0,
+        pp: int = 1,
+        dp_pad: DpPad | None = None,
+        on_finished: Callable[[Member, Request, int], None] | None = None,
     ) -> None:
-        self.scheduler = scheduler
-        self.kv: KVCacheManager = scheduler.kv
-        self.latency = latency
+        self.members = list(members)
         self.step_overhead_ns = step_overhead_ns
-        self.log = StepLog()
-        self.num_steps = 0
-        self.busy_ns = 0
+        self.pp = pp
+        self.dp_pad = dp_pad
+        self.on_finished = on_finished
+        async_ = self.members[0].scheduler.async_scheduling
+        self.depth = max(pp, 2 if async_ else 1)
+        self.inflight: deque[tuple[list[ScheduledStep], int]] = deque()
+        self.gpu_free_at = 0
+        self.num_finished = 0
+        self.waiting_for: int | None = None
 
-    def _duration(self, step: ScheduledStep) -> int:
-        assert step.shape is not None
-        return int(self.latency.iteration_ns(step.shape)) + self.step_overhead_ns + step.extra_ns
+    # -- helpers ---------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return any(m.scheduler.has_requests() or m.arrived_kv for m in self.members) or bool(
+            self.inflight
+        )
 
-    def _record(self, step: ScheduledStep, end_ns: int) -> None:
-        log = self.log
-        sched = self.scheduler
+    def _admit_arrived_kv(self, m: Member) -> None:
+        """P/D decode side: start requests whose KV arrived, FIFO, while seats and blocks allow
+        (the prompt's KV is external: no prefix lookup, no recompute)."""
+        sched = m.scheduler
+        q = m.arrived_kv
+        while q and len(sched.running) < sched.max_num_seqs:
+            req = q[0]
+            computed = req.num_computed_tokens
+            req.num_computed_tokens = 0
+            if not sched.kv.allocate_slots(req, req.num_tokens - computed, computed):
+                req.num_computed_tokens = computed
+                break
+            q.popleft()
+            req.num_computed_tokens = computed
+            req.status = RequestStatus.RUNNING
+            sched.running.append(req)
+
+    def _duration(self, steps: list[ScheduledStep]) -> tuple[int, int]:
+        """(iteration ns, first-stage occupancy ns) of a launch."""
+        if len(steps) == 1:
+            step = steps[0]
+            assert step.shape is not None
+            lat = self.members[0].latency
+            it = int(lat.iteration_ns(step.shape))
+            stage = int(lat.stage_ns(step.shape)) if self.pp > 1 else it  # type: ignore[attr-defined]
+            extra = self.step_overhead_ns + step.extra_ns
+            return it + extra, stage + extra
+        shapes = [s.shape for s in steps]
+        padded = self.dp_pad(shapes) if self.dp_pad else shapes
+        it = stage = 0
+        for m, shape, step in zip(self.members, padded, steps, strict=True):
+            if shape is None:
+                continue
+            t_it = int(m.latency.iteration_ns(shape)) + step.extra_ns
+            t_st = int(m.latency.stage_ns(shape)) + step.extra_ns if self.pp > 1 else t_it  # type: ignore[attr-defined]
+            it, stage = max(it, t_it), max(stage, t_st)
+        return it + self.step_overhead_ns, stage + self.step_overhead_ns
+
+    def _record(self, m: Member, step: ScheduledStep, end_ns: int) -> None:
+        log = m.log
+        sched = m.scheduler
         log.end_ns.append(end_ns)
         log.running.append(len(sched.running))
-        log.waiting.append(len(sched.waiting))
-        log.usage.append(self.kv.pool.usage())
+        log.waiting.append(len(sched.waiting) + len(m.arrived_kv))
+        log.usage.append(sched.kv.pool.usage())
         log.prompt_tokens.append(step.prompt_tokens)
         log.gen_tokens.append(sum(step.samples))
 
-    def run(self, requests: Sequence[Request]) -> int:
-        """Replay ``requests`` (sorted by arrival) to completion; returns the end time (ns)."""
-        sched = self.scheduler
-        n = len(requests)
-        nxt = 0  # next request not yet handed to the scheduler
-        t = requests[0].arrival_ns if n else 0
-        inflight: deque[tuple[ScheduledStep, int]] = deque()
-        depth = 2 if sched.async_scheduling else 1
-        gpu_free_at = t
-        while sched.num_finished < n:
-            while nxt < n and requests[nxt].arrival_ns <= t:
-                sched.add_request(requests[nxt])
-                nxt += 1
-            launched = False
-            if sched.has_requests():
-                step = sched.schedule(t)
-                if step.reqs:
-                    start = max(t, gpu_free_at)
-                    d = self._duration(step)
-                    gpu_free_at = start + d
-                    self.busy_ns += d
-                    self.num_steps += 1
-                    inflight.append((step, gpu_free_at))
-                    launched = True
-                    if len(inflight) < depth:
-                        continue  # async: schedule the next step while this one runs
+    # -- the engine loop -----------------------------------------------------------------
+    def _complete_oldest(self) -> None:
+        steps, end = self.inflight.popleft()
+        for m, step in zip(self.members, steps, strict=True):
+            if not step.reqs:
+                continue
+            for req in m.scheduler.update_from_output(step, end):
+                self.num_finished += 1
+                if self.on_finished is not None:
+                    self.on_finished(m, req, end)
+            self._record(m, step, end)
+
+    def poll(self, t: int) -> int | None:
+        """Do everything this engine does at time ``t`` and return when it next needs
+        attention (the end of the in-flight step it waits for), or None when it is idle.
+
+        Call it when an idle engine receives work, and at the time it returned."""
+        if self.waiting_for is not None:
+            if t < self.waiting_for:
+                return self.waiting_for
+            self.waiting_for = None
+            self._complete_oldest()
+        members = self.members
+        inflight = self.inflight
+        while True:
+            if self._can_schedule():
+                for m in members:
+                    if m.arrived_kv:
+                        self._admit_arrived_kv(m)
+                steps = [m.scheduler.schedule(t) for m in members]
+                if any(s.reqs for s in steps):
+                    it, stage = self._duration(steps)
+                    start = t if t > self.gpu_free_at else self.gpu_free_at
+                    self.gpu_free_at = start + stage
+                    for m, s in zip(members, steps, strict=True):
+                        if s.reqs:
+                            m.num_steps += 1
+                            m.busy_ns += it
+                    inflight.append((steps, start + it))
+                    if len(inflight) < self.depth:
+                        continue  # async/PP: schedule the next step while this one runs
             if inflight:
-                step, end = inflight.popleft()
+                end = inflight[0][1]
                 if end > t:
-                    t = end
-                sched.update_from_output(step, t)
-                self._record(step, t)
+                    self.waiting_for = end
+                    return end
+                self._complete_oldest()
                 continue
-            if launched:
-                continue
-            if nxt < n:
-                t = max(t, requests[nxt].arrival_ns)  # idle: jump to the next arrival
-                continue
-            stuck = sched.waiting[0] if sched.waiting else None
-            raise ConfigError(
-                "simulation cannot make progress: "
-                + (
-                    f"request {stuck.request_id!r} ({stuck.num_tokens} tokens) never fits in the "
-                    f"KV cache of {self.kv.pool.num_blocks - 1} usable blocks; raise "
-                    "gpu_memory_utilization / num_gpu_blocks_override or shorten the request"
-                    if stuck is not None
-                    else "no request can be scheduled"
-                )
-            )
-        return t
+            return None
+
+    def _can_schedule(self) -> bool:
+        return any(m.scheduler.has_requests() or m.arrived_kv for m in self.members)
+
+    def stuck_request(self) -> tuple[Member, Request] | None:
+        for m in self.members:
+            if m.scheduler.waiting:
+                return m, m.scheduler.waiting[0]
+            if m.arrived_kv:
+                return m, m.arrived_kv[0]
+        return None

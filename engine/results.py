@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,8 @@ class SimulationResult:
     kv_capacity: KVCapacity
     wall_s: float
     num_steps: int
+    # KV capacity of every instance by name (``kv_capacity`` is the first instance's).
+    instance_capacity: dict[str, KVCapacity] = field(default_factory=dict)
 
     def write(self, directory: str | Path, fmt: str = "parquet") -> list[Path]:
         """Write ``requests`` and ``timeseries`` as Parquet (default) or CSV files."""
@@ -74,14 +76,39 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
     )
 
 
-def timeseries_frame(log: StepLog, start_ns: int) -> pd.DataFrame:
-    """Per-second series: state sampled at the last step ending in each second (running,
-    waiting, KV usage %), token counts summed over the steps ending in it (tokens/s)."""
+def timeseries_frame(logs: list[StepLog], start_ns: int) -> pd.DataFrame:
+    """Per-second series over all instances: state sampled at the last step ending in each
+    second (running and waiting summed over instances, KV usage % averaged), token counts
+    summed over the steps ending in it (tokens/s)."""
     cols = ["t_s", "running", "waiting", "kv_usage_pct", "prompt_throughput", "gen_throughput"]
-    if not log.end_ns:
+    per = [_one_series(log, start_ns) for log in logs if log.end_ns]
+    if not per:
         return pd.DataFrame({c: [] for c in cols})
+    n_sec = max(len(p[0]) for p in per)
+    out = {c: np.zeros(n_sec) for c in cols[1:]}
+    for running, waiting, usage, prompt, gen in per:
+        k = len(running)
+        # After an instance's last step it holds nothing: its state stays at the last sample.
+        for name, arr, hold in (
+            ("running", running, True),
+            ("waiting", waiting, True),
+            ("kv_usage_pct", usage, True),
+            ("prompt_throughput", prompt, False),
+            ("gen_throughput", gen, False),
+        ):
+            out[name][:k] += arr
+            if hold and k < n_sec:
+                out[name][k:] += arr[-1]
+    out["kv_usage_pct"] /= len(per)
+    frame = pd.DataFrame({"t_s": np.arange(1, n_sec + 1, dtype=float), **out})
+    for c in ("running", "waiting"):
+        frame[c] = frame[c].astype(np.int64)
+    return frame[cols]
+
+
+def _one_series(log: StepLog, start_ns: int) -> tuple[np.ndarray, ...]:
     end = np.asarray(log.end_ns, dtype=np.int64) - start_ns
-    sec = end // NS_PER_S  # step ending in [k, k+1) s belongs to second k+1
+    sec = end // NS_PER_S  # a step ending in [k, k+1) s belongs to second k+1
     n_sec = int(sec[-1]) + 1
     prompt = np.bincount(sec, weights=np.asarray(log.prompt_tokens, float), minlength=n_sec)
     gen = np.bincount(sec, weights=np.asarray(log.gen_tokens, float), minlength=n_sec)
@@ -90,16 +117,7 @@ def timeseries_frame(log: StepLog, start_ns: int) -> pd.DataFrame:
     last_idx[sec] = np.arange(len(sec))
     last_idx = np.maximum.accumulate(last_idx)
     valid = last_idx >= 0
-    running = np.where(valid, np.asarray(log.running)[last_idx], 0)
-    waiting = np.where(valid, np.asarray(log.waiting)[last_idx], 0)
+    running = np.where(valid, np.asarray(log.running)[last_idx], 0).astype(float)
+    waiting = np.where(valid, np.asarray(log.waiting)[last_idx], 0).astype(float)
     usage = np.where(valid, np.asarray(log.usage)[last_idx] * 100.0, 0.0)
-    return pd.DataFrame(
-        {
-            "t_s": np.arange(1, n_sec + 1, dtype=float),
-            "running": running,
-            "waiting": waiting,
-            "kv_usage_pct": usage,
-            "prompt_throughput": prompt,
-            "gen_throughput": gen,
-        }
-    )
+    return running, waiting, usage, prompt, gen

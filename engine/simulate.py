@@ -1,19 +1,38 @@
-"""The engine's public entry point: replay a workload on one serving instance."""
+"""The engine's public entry points: replay a workload on one instance or on a cluster."""
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from engine.batch import LatencyModel
-from engine.instance import Instance
+from engine.cluster import KvTransfer, Router, run_cluster
+from engine.instance import DpPad, EngineUnit, Member
 from engine.kv_cache import KVCacheManager
-from engine.memory import kv_capacity
+from engine.memory import KVCapacity, kv_capacity
 from engine.request import Request
 from engine.results import SimulationResult, requests_frame, timeseries_frame
 from engine.scheduler import Scheduler
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from engine.workload import RequestSpec
+
+ROLES = ("colocated", "prefill", "decode")
+
+
+@dataclass(slots=True)
+class InstanceSpec:
+    """One serving instance of a cluster (one vLLM engine, or one rank of a DP group)."""
+
+    name: str
+    model: ModelSpec
+    hardware: HardwareSpec
+    config: EngineConfig
+    latency: LatencyModel
+    role: str = "colocated"
+    pp: int = 1  # pipeline stages; ``latency`` must then provide ``stage_ns``
+    dp_group: str | None = None  # members of one group step in lock-step
 
 
 def _check_workload(workload: Sequence[RequestSpec], max_model_len: int) -> None:
@@ -44,6 +63,106 @@ def _check_workload(workload: Sequence[RequestSpec], max_model_len: int) -> None
         prev = spec.arrival_ns
 
 
+def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
+    if spec.role not in ROLES:
+        raise ConfigError(f"instance {spec.name!r}: role={spec.role!r}; use one of {ROLES}")
+    if spec.pp < 1:
+        raise ConfigError(f"instance {spec.name!r}: pp={spec.pp} must be >= 1")
+    if spec.pp > 1 and not hasattr(spec.latency, "stage_ns"):
+        raise ConfigError(
+            f"instance {spec.name!r}: pp={spec.pp} needs a latency model with stage_ns "
+            "(profiles.parallel.ParallelLatencyModel)"
+        )
+    config = spec.config
+    cap = kv_capacity(spec.model, spec.hardware, config)
+    max_model_len = config.max_model_len or spec.model.max_position_embeddings
+    kv = KVCacheManager(cap.num_blocks, config.block_size, max_model_len, config.enable_prefix_caching)
+    sched = Scheduler(
+        kv,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=min(config.max_num_batched_tokens, max_model_len),
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=config.long_prefill_token_threshold,
+        reserve_full_isl=config.reserve_full_isl,
+        async_scheduling=config.async_scheduling,
+    )
+    return Member(spec.name, sched, spec.latency, spec.role), cap, max_model_len
+
+
+def simulate_cluster(
+    instances: Sequence[InstanceSpec],
+    workload: Sequence[RequestSpec],
+    *,
+    router: str = "least_loaded",
+    seed: int = 0,
+    kv_transfer_ns: KvTransfer | None = None,
+    dp_pad: DpPad | None = None,
+) -> SimulationResult:
+    """Simulate a cluster of instances serving ``workload``.
+
+    ``kv_transfer_ns(prefill_member, decode_member, tokens)`` prices the P/D hand-off;
+    ``dp_pad`` pads the batches of a DP group before pricing (vLLM runs dummy batches on idle
+    ranks). Per-request results carry the ``instance`` that finished each request.
+    """
+    t0 = time.perf_counter()
+    if not instances:
+        raise ConfigError("the cluster has no instances")
+    names = [s.name for s in instances]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"instance names must be unique, got {names}")
+    built = [_member(s) for s in instances]
+    max_len = min(b[2] for b in built)
+    _check_workload(workload, max_len)
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, s in enumerate(instances):
+        if s.dp_group is not None:
+            groups[s.dp_group].append(i)
+    units: list[EngineUnit] = []
+    done_group: set[str] = set()
+    for i, s in enumerate(instances):
+        cfg = s.config
+        overhead = round(cfg.step_overhead_us * 1000)
+        if s.dp_group is None:
+            units.append(EngineUnit([built[i][0]], step_overhead_ns=overhead, pp=s.pp))
+        elif s.dp_group not in done_group:
+            done_group.add(s.dp_group)
+            idx = groups[s.dp_group]
+            ref = instances[idx[0]]
+            for j in idx:
+                o = instances[j]
+                if (o.pp, o.config.async_scheduling, o.role) != (ref.pp, ref.config.async_scheduling, ref.role):
+                    raise ConfigError(
+                        f"dp_group {s.dp_group!r}: members must agree on pp, role and "
+                        f"async_scheduling ({ref.name!r} vs {o.name!r})"
+                    )
+            units.append(
+                EngineUnit([built[j][0] for j in idx], step_overhead_ns=overhead, pp=s.pp, dp_pad=dp_pad)
+            )
+    hash_blocks = any(s.config.enable_prefix_caching for s in instances)
+    block_size = instances[0].config.block_size
+    if any(s.config.block_size != block_size for s in instances):
+        raise ConfigError("all instances of a cluster must use the same block_size")
+    requests = [Request(spec, i, block_size, hash_blocks) for i, spec in enumerate(workload)]
+    run = run_cluster(units, requests, Router(router, seed), kv_transfer_ns=kv_transfer_ns)
+    start_ns = requests[0].arrival_ns
+    members = [m for u in units for m in u.members]
+    frame = requests_frame(requests)
+    frame["instance"] = run.instance_of
+    result = SimulationResult(
+        requests=frame,
+        timeseries=timeseries_frame([m.log for m in members], start_ns),
+        num_preemptions=sum(m.scheduler.num_preemptions for m in members),
+        prefix_hit_tokens=sum(r.prefix_hit_tokens for r in requests),
+        makespan_ns=run.end_ns - start_ns,
+        kv_capacity=built[0][1],
+        wall_s=0.0,
+        num_steps=sum(m.num_steps for m in members),
+        instance_capacity={s.name: b[1] for s, b in zip(instances, built, strict=True)},
+    )
+    result.wall_s = time.perf_counter() - t0
+    return result
+
+
 def simulate(
     model: ModelSpec,
     hardware: HardwareSpec,
@@ -56,36 +175,6 @@ def simulate(
     ``latency`` prices each step (``profiles.ProfiledLatencyModel`` or a roofline bundle);
     ``config.step_overhead_us`` adds a fixed host-side cost per step.
     """
-    t0 = time.perf_counter()
-    cap = kv_capacity(model, hardware, config)
-    max_model_len = config.max_model_len or model.max_position_embeddings
-    _check_workload(workload, max_model_len)
-    kv = KVCacheManager(cap.num_blocks, config.block_size, max_model_len, config.enable_prefix_caching)
-    sched = Scheduler(
-        kv,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=min(config.max_num_batched_tokens, max_model_len),
-        max_model_len=max_model_len,
-        long_prefill_token_threshold=config.long_prefill_token_threshold,
-        reserve_full_isl=config.reserve_full_isl,
-        async_scheduling=config.async_scheduling,
+    return simulate_cluster(
+        [InstanceSpec("instance0", model, hardware, config, latency)], workload
     )
-    requests = [
-        Request(spec, i, config.block_size, config.enable_prefix_caching)
-        for i, spec in enumerate(workload)
-    ]
-    inst = Instance(sched, latency, step_overhead_ns=round(config.step_overhead_us * 1000))
-    end_ns = inst.run(requests)
-    start_ns = requests[0].arrival_ns
-    result = SimulationResult(
-        requests=requests_frame(requests),
-        timeseries=timeseries_frame(inst.log, start_ns),
-        num_preemptions=sched.num_preemptions,
-        prefix_hit_tokens=sum(r.prefix_hit_tokens for r in requests),
-        makespan_ns=end_ns - start_ns,
-        kv_capacity=cap,
-        wall_s=0.0,
-        num_steps=inst.num_steps,
-    )
-    result.wall_s = time.perf_counter() - t0
-    return result

@@ -1,0 +1,214 @@
+"""A cluster of serving instances under one event clock: routing, DP groups, P/D hand-off.
+
+Instances are grouped into engine units (``engine.instance.EngineUnit``): a plain instance is a
+unit of one; the members of a data-parallel group form one unit and step in lock-step. The
+loop jumps from event to event — the next arrival, the next KV hand-off, the next step
+completion of a busy unit — and never polls.
+
+Prefill/decode disaggregation: a request is routed to a prefill instance, which runs it with
+``max_tokens = 1`` (as a P/D proxy asks vLLM's prefill instance to); when its first token is
+produced the request leaves the prefill instance, its KV travels for ``kv_transfer_ns`` and it
+joins a decode instance chosen by the same router policy (separate round-robin counter), whose
+scheduler starts it once a seat and blocks are free.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from engine.instance import EngineUnit, Member
+from engine.request import Request, RequestStatus
+from engine.specs import ConfigError
+
+ROUTER_POLICIES = ("round_robin", "least_loaded", "random", "prefix_aware")
+
+KvTransfer = Callable[[Member, Member, int], int]
+
+
+class Router:
+    """Chooses the instance for a new request (and the decode instance for a prefilled one).
+
+    - ``round_robin``: in turn.
+    - ``least_loaded``: the vLLM-router-style load score ``(4·waiting + running) / max_num_seqs``,
+      scanning from the round-robin position and keeping the first minimum (the reference
+      simulator's LOAD policy).
+    - ``random``: uniformly, from a generator seeded with ``seed``.
+    - ``prefix_aware``: the instance whose NPU prefix cache holds the longest prefix of the
+      request (vLLM's ``get_computed_blocks`` walk, read-only), ties broken by load score.
+    """
+
+    def __init__(self, policy: str = "least_loaded", seed: int = 0) -> None:
+        if policy not in ROUTER_POLICIES:
+            raise ConfigError(f"router policy {policy!r} unknown; use one of {ROUTER_POLICIES}")
+        self.policy = policy
+        self.rng = random.Random(seed)
+        self.counters: dict[str, int] = {}
+
+    def _least_loaded(self, side: str, candidates: Sequence[Member]) -> int:
+        n = len(candidates)
+        start = self.counters.get(side, 0) % n
+        best, best_score = start, None
+        for off in range(n):
+            i = (start + off) % n
+            score = candidates[i].load()
+            if best_score is None or score < best_score:
+                best, best_score = i, score
+        return best
+
+    def pick(self, side: str, candidates: Sequence[Member], req: Request) -> Member:
+        n = len(candidates)
+        if n == 1:
+            return candidates[0]
+        if self.policy == "round_robin":
+            idx = self.counters.get(side, 0) % n
+        elif self.policy == "random":
+            idx = self.rng.randrange(n)
+        elif self.policy == "least_loaded":
+            idx = self._least_loaded(side, candidates)
+        else:  # prefix_aware
+            hits = [_prefix_hit_tokens(m, req) for m in candidates]
+            top = max(hits)
+            if top == 0:
+                idx = self._least_loaded(side, candidates)
+            else:
+                best = [i for i, h in enumerate(hits) if h == top]
+                idx = min(best, key=lambda i: (candidates[i].load(), i))
+        self.counters[side] = idx + 1
+        return candidates[idx]
+
+
+def _prefix_hit_tokens(m: Member, req: Request) -> int:
+    kv = m.scheduler.kv
+    if not kv.enable_caching:
+        return 0
+    cached = kv.pool.cached
+    n = 0
+    for h in req.block_hashes[: (req.num_tokens - 1) // kv.block_size]:
+        if h not in cached:
+            break
+        n += 1
+    return n * kv.block_size
+
+
+@dataclass(slots=True)
+class ClusterRun:
+    """What :func:`run_cluster` leaves behind (besides the mutated requests)."""
+
+    end_ns: int
+    instance_of: list[str]  # per request index: the instance that finished it
+
+
+def run_cluster(
+    units: Sequence[EngineUnit],
+    requests: Sequence[Request],
+    router: Router,
+    *,
+    kv_transfer_ns: KvTransfer | None = None,
+) -> ClusterRun:
+    """Replay ``requests`` (sorted by arrival) on ``units`` to completion."""
+    members = [m for u in units for m in u.members]
+    unit_of = {id(m): u for u in units for m in u.members}
+    front = [m for m in members if m.role != "decode"]
+    decode = [m for m in members if m.role == "decode"]
+    if not front:
+        raise ConfigError("the cluster has no instance that accepts new requests (all decode)")
+    if any(m.role == "prefill" for m in members):
+        if not decode:
+            raise ConfigError("prefill instances need at least one decode instance")
+        if kv_transfer_ns is None:
+            raise ConfigError("P/D disaggregation needs a KV transfer model (kv_transfer_ns)")
+    n = len(requests)
+    instance_of = [""] * n
+    original_max: dict[int, int] = {}
+    deliveries: list[tuple[int, int, int, Request]] = []  # (time, seq, member idx, req)
+    member_index = {id(m): i for i, m in enumerate(members)}
+    seq = 0
+    finished = 0
+    wake: list[int | None] = [None] * len(units)
+    dirty = [False] * len(units)
+    unit_index = {id(u): i for i, u in enumerate(units)}
+
+    def on_finished(m: Member, req: Request, t: int) -> None:
+        nonlocal finished, seq
+        if m.role == "prefill":
+            # First token produced: hand the request (and its KV) to a decode instance.
+            req.max_tokens = original_max.pop(req.index)
+            req.finish_ns = -1
+            if req.num_output_tokens >= req.max_tokens:  # a one-token request ends here
+                req.finish_ns = t
+                req.status = RequestStatus.FINISHED
+                instance_of[req.index] = m.name
+                finished += 1
+                return
+            req.status = RequestStatus.WAITING
+            dst = router.pick("decode", decode, req)
+            assert kv_transfer_ns is not None
+            when = t + int(kv_transfer_ns(m, dst, req.num_computed_tokens))
+            seq += 1
+            heapq.heappush(deliveries, (when, seq, member_index[id(dst)], req))
+            return
+        instance_of[req.index] = m.name
+        finished += 1
+
+    for u in units:
+        u.on_finished = on_finished
+
+    nxt = 0
+    t = requests[0].arrival_ns if n else 0
+    while finished < n:
+        # The next event: an arrival, a KV delivery, or a busy unit's step completion.
+        cands = [w for w in wake if w is not None]
+        if nxt < n:
+            cands.append(requests[nxt].arrival_ns)
+        if deliveries:
+            cands.append(deliveries[0][0])
+        if not cands:
+            _raise_stuck(units)
+        t = max(t, min(cands))
+        while nxt < n and requests[nxt].arrival_ns <= t:
+            req = requests[nxt]
+            nxt += 1
+            m = router.pick("front", front, req)
+            if m.role == "prefill":
+                original_max[req.index] = req.max_tokens
+                req.max_tokens = 1
+            m.scheduler.add_request(req)
+            dirty[unit_index[id(unit_of[id(m)])]] = True
+        while deliveries and deliveries[0][0] <= t:
+            _, _, mi, req = heapq.heappop(deliveries)
+            m = members[mi]
+            m.arrived_kv.append(req)
+            dirty[unit_index[id(unit_of[id(m)])]] = True
+        progressed = False
+        for i, u in enumerate(units):
+            w = wake[i]
+            if (w is not None and w <= t) or (w is None and dirty[i]):
+                dirty[i] = False
+                wake[i] = u.poll(t)
+                progressed = True
+        if (
+            not progressed
+            and nxt >= n
+            and not deliveries
+            and all(w is None for w in wake)
+            and finished < n
+        ):
+            _raise_stuck(units)
+    return ClusterRun(end_ns=t, instance_of=instance_of)
+
+
+def _raise_stuck(units: Sequence[EngineUnit]) -> None:
+    for u in units:
+        stuck = u.stuck_request()
+        if stuck is not None:
+            m, req = stuck
+            raise ConfigError(
+                f"simulation cannot make progress: request {req.request_id!r} "
+                f"({req.num_tokens} tokens) never fits in the KV cache of instance {m.name!r} "
+                f"({m.kv.pool.num_blocks - 1} usable blocks); raise gpu_memory_utilization / "
+                "num_gpu_blocks_override or shorten the request"
+            )
+    raise ConfigError("simulation cannot make progress: no request can be scheduled")

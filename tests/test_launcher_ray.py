@@ -1,0 +1,160 @@
+"""The ray_actor launcher with trivial task functions: Hydra's conformance suites, result
+order, a crashing actor, a job timeout, and a recorder receiving every result."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra.core.plugins import Plugins
+from hydra.plugins.launcher import Launcher
+from hydra.test_utils.launcher_common_tests import IntegrationTestSuite, LauncherTestSuite
+from omegaconf import DictConfig
+
+from hydra_plugins.ray_actor_launcher._actor import JobFailure
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """A small private Ray for this module (the launcher attaches and never shuts it down)."""
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 2**20,
+             include_dashboard=False, log_to_driver=False)
+    # Ray workers cannot import this test module: ship its task functions by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray.shutdown()
+
+
+def test_plugin_is_discovered():
+    names = [p.__name__ for p in Plugins.instance().discover(Launcher)]
+    assert "RayActorLauncher" in names
+
+
+@pytest.mark.parametrize("launcher_name, overrides", [("ray_actor", ["hydra.launcher.num_actors=2"])])
+class TestRayActorLauncher(LauncherTestSuite):
+    """Hydra's own launcher conformance tests, in process on the module's Ray."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "task_launcher_cfg, extra_flags",
+    [(
+        {"defaults": [{"override hydra/launcher": "ray_actor"},
+                      {"override hydra/hydra_logging": "hydra_debug"},
+                      {"override hydra/job_logging": "disabled"}]},
+        ["-m"],
+    )],
+)
+class TestRayActorLauncherIntegration(IntegrationTestSuite):
+    """Hydra's integration suite: each test runs an app that starts its own Ray."""
+
+
+# ---------------------------------------------------------------- project-specific behaviour
+RECORDED: list[tuple[int, str]] = []
+
+
+class ListRecorder:
+    """Keeps (job, status) in the driver, like the MLflow recorder would."""
+
+    def __init__(self, config: DictConfig, sweep_dir: Path, num_jobs: int) -> None:
+        self.num_jobs = num_jobs
+
+    def start(self) -> None:
+        RECORDED.clear()
+        RECORDED.append((-1, "start"))
+
+    def job_done(self, idx: int, cfg: DictConfig, ret) -> None:
+        assert cfg.x is not None
+        RECORDED.append((idx, ret.status.name))
+
+    def close(self, status: str) -> None:
+        RECORDED.append((-2, status))
+
+
+def sleepy_task(cfg: DictConfig):
+    """Early jobs are slow, so they finish last; x == 3 raises, x == 4 kills its actor."""
+    time.sleep(0.6 if cfg.x < 2 else 0.05)
+    if cfg.x == 3:
+        raise ValueError("x=3 is cursed")
+    if cfg.x == 4 and cfg.get("crash", False):
+        os._exit(7)
+    if cfg.x == 5 and cfg.get("hang", False):
+        time.sleep(60)
+    return {"x": cfg.x, "pid": os.getpid()}
+
+
+def _sweep(hydra_sweep_runner, tmp_path, *extra):
+    return hydra_sweep_runner(
+        calling_file=__file__,
+        calling_module=None,
+        task_function=sleepy_task,
+        config_path=None,
+        config_name=None,
+        overrides=["hydra/launcher=ray_actor", "hydra.launcher.progress=false",
+                   f"hydra.launcher.recorder={__name__}:ListRecorder", *extra],
+        temp_dir=tmp_path,
+    )
+
+
+def test_results_in_job_order_and_failures_recorded(hydra_sweep_runner, tmp_path):
+    with _sweep(hydra_sweep_runner, tmp_path, "+x=0,1,2,3,4,5", "+crash=true") as sweep:
+        returns = sweep.returns[0]
+    assert [r.overrides[0] for r in returns] == [f"+x={i}" for i in range(6)]
+    values = [r.return_value for r in returns]
+    for i in (0, 1, 2, 5):
+        assert values[i]["x"] == i
+    assert values[3]["status"] == "failed" and "x=3 is cursed" in values[3]["error"]
+    assert values[4]["status"] == "failed" and "actor died" in values[4]["error"]
+    assert RECORDED[0] == (-1, "start") and RECORDED[-1] == (-2, "FAILED")
+    done = dict(RECORDED[1:-1])
+    assert sorted(done) == list(range(6))
+    assert done[3] == done[4] == "FAILED" and done[0] == "COMPLETED"
+    # the slow early jobs finished after later ones: results arrived out of order
+    assert [idx for idx, _ in RECORDED[1:-1]] != sorted(done)
+
+
+def test_job_timeout_kills_the_actor_and_the_sweep_goes_on(hydra_sweep_runner, tmp_path):
+    t0 = time.monotonic()
+    with _sweep(hydra_sweep_runner, tmp_path, "+x=2,5,6", "+hang=true",
+                "hydra.launcher.job_timeout_s=3") as sweep:
+        values = [r.return_value for r in sweep.returns[0]]
+    assert time.monotonic() - t0 < 40
+    assert values[0]["x"] == 2 and values[2]["x"] == 6
+    assert values[1]["status"] == "failed" and "timed out after 3 s" in values[1]["error"]
+
+
+def test_on_failure_raise_fails_the_sweep_after_all_jobs_ran(hydra_sweep_runner, tmp_path):
+    with pytest.raises(JobFailure, match="(?s)ValueError: x=3 is cursed"), \
+            _sweep(hydra_sweep_runner, tmp_path, "+x=2,3,6", "hydra.launcher.on_failure=raise"):
+        pass
+    assert sorted(i for i, _ in RECORDED[1:-1]) == [0, 1, 2]
+
+
+def test_pool_is_capped_to_the_cluster_cpus(hydra_sweep_runner, tmp_path):
+    with _sweep(hydra_sweep_runner, tmp_path, "+x=0,1,2,6", "hydra.launcher.num_actors=8") as sweep:
+        pids = {r.return_value["pid"] for r in sweep.returns[0]}
+    assert 1 <= len(pids) <= 2  # 2 CPUs, 1 CPU per actor: never 8 unschedulable actors
+
+
+def test_validator_rejects_before_any_job(hydra_sweep_runner, tmp_path):
+    RECORDED.clear()
+    with pytest.raises(SystemExit, match=r"Invalid config in job #1 \(\+x=3\)"), _sweep(
+        hydra_sweep_runner, tmp_path, "+x=2,3",
+        f"hydra.launcher.validator={__name__}:reject_three",
+    ):
+        pass
+    assert RECORDED == []  # the recorder never started: nothing ran
+
+
+def reject_three(cfg: DictConfig) -> None:
+    if cfg.x == 3:
+        raise ValueError("x must not be 3")

@@ -1,0 +1,188 @@
+"""Error of the generated (roofline) bundles against the measured RTX PRO 6000 bundles.
+
+Usage::
+
+    python -m benchmarks.roofline_error [--data DIR] [--doc docs/roofline.md]
+
+For every measured bundle (hardware, model, TP folder) it generates the roofline bundle
+with the committed factors, joins both on the table keys and reports the median and P90 of
+``|generated / measured - 1|`` per table: each dense layer, each per-sequence layer,
+attention (all rows and per regime: pure decode, pure prefill, mixed) and MoE. It then prices
+a handful of representative batch shapes with ``profiles.latency.ProfiledLatencyModel`` on
+both bundles (whole-step latency, host I/O dropped) and reports the ratio.
+
+The markdown is printed and, with ``--doc``, written between the
+``<!-- roofline_error:begin -->`` / ``<!-- roofline_error:end -->`` markers of that file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from engine.batch import BatchShape
+from profiles.bundle import clear_bundle_cache, load_bundle
+from profiles.catalog import load_hardware, load_model
+from profiles.latency import ProfiledLatencyModel
+from profiles.roofline import generate_bundle
+from profiles.roofline_fit import (
+    MEASURED,
+    attention_regime,
+    default_data_dir,
+    measured_tps,
+    measured_variant_dir,
+)
+
+BEGIN, END = "<!-- roofline_error:begin -->", "<!-- roofline_error:end -->"
+_KEYS = {
+    "dense": ["layer", "tokens"],
+    "per_sequence": ["layer", "sequences"],
+    "attention": ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode"],
+    "moe": ["tokens", "activated_experts"],
+}
+
+#: Representative steps: (label, BatchShape).
+SHAPES: tuple[tuple[str, BatchShape], ...] = (
+    ("prefill 2048, no history", BatchShape(2048, 1, 2048, 0, 0, 0, 0, 0)),
+    ("prefill chunk 512 after 1536", BatchShape(512, 1, 512, 1536, 0, 0, 0, 0)),
+    ("1 decode, kv 2048", BatchShape(1, 1, 0, 0, 1, 2048, 2048, 2048)),
+    ("32 decodes, kv 1000", BatchShape(32, 32, 0, 0, 32, 32_000, 1000, 1000)),
+    ("128 decodes, kv 800-2200", BatchShape(128, 128, 0, 0, 128, 192_000, 800, 2200)),
+    ("prefill 1320 + 2 decodes", BatchShape(1322, 3, 1320, 0, 2, 3425, 1041, 2384)),
+    ("prefill 1920 + 128 decodes kv 1000", BatchShape(2048, 129, 1920, 0, 128, 128_000, 1000, 1000)),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorRow:
+    bundle: str  # "<model> tp<N>"
+    table: str
+    item: str  # layer name or attention regime
+    rows: int
+    median: float
+    p90: float
+    signed_median: float
+
+
+def _summary(bundle: str, table: str, item: str, ratio: np.ndarray) -> ErrorRow:
+    rel = ratio - 1.0
+    return ErrorRow(bundle, table, item, int(rel.size), float(np.median(np.abs(rel))),
+                    float(np.quantile(np.abs(rel), 0.9)), float(np.median(rel)))
+
+
+def table_errors(measured_dir: Path, generated_dir: Path, label: str) -> list[ErrorRow]:
+    """Per-table error rows of one TP folder (generated joined to measured on the keys)."""
+    out: list[ErrorRow] = []
+    for table, keys in _KEYS.items():
+        mpath, gpath = measured_dir / f"{table}.csv", generated_dir / f"{table}.csv"
+        if not mpath.is_file() or not gpath.is_file():
+            continue
+        joined = pd.read_csv(mpath).merge(pd.read_csv(gpath), on=keys, suffixes=("_m", "_g"))
+        ratio = (joined["time_us_g"] / joined["time_us_m"]).to_numpy()
+        if table in ("dense", "per_sequence"):
+            for layer, idx in joined.groupby("layer").groups.items():
+                out.append(_summary(label, table, str(layer), ratio[joined.index.get_indexer(idx)]))
+        elif table == "attention":
+            out.append(_summary(label, table, "all", ratio))
+            regime = attention_regime(joined["prefill_chunk"].to_numpy(), joined["n_decode"].to_numpy())
+            for name in ("decode", "prefill", "mixed"):
+                out.append(_summary(label, table, name, ratio[regime == name]))
+        else:
+            out.append(_summary(label, table, "moe", ratio))
+    return out
+
+
+def step_errors(data: Path, workdir: Path) -> list[tuple[str, str, int, int]]:
+    """(bundle, shape label, measured ns, roofline ns) for every SHAPES entry."""
+    rows = []
+    for hw_name, model_name in MEASURED:
+        hw, model = load_hardware(hw_name), load_model(model_name)
+        mdir = measured_variant_dir(data, hw_name, model_name)
+        for tp in measured_tps(mdir):
+            gdir = generate_bundle(hw, model, tp, workdir)
+            clear_bundle_cache()  # the loader caches per directory; tp folders were added
+            measured = ProfiledLatencyModel(load_bundle(mdir), model, tp, host_mem_bw_gbs=None)
+            roofline = ProfiledLatencyModel(load_bundle(gdir), model, tp, host_mem_bw_gbs=None)
+            for label, shape in SHAPES:
+                rows.append((f"{model_name} tp{tp}", label, measured.iteration_ns(shape),
+                             roofline.iteration_ns(shape)))
+    return rows
+
+
+def all_table_errors(data: Path, workdir: Path) -> list[ErrorRow]:
+    rows: list[ErrorRow] = []
+    for hw_name, model_name in MEASURED:
+        hw, model = load_hardware(hw_name), load_model(model_name)
+        mdir = measured_variant_dir(data, hw_name, model_name)
+        for tp in measured_tps(mdir):
+            gdir = generate_bundle(hw, model, tp, workdir)
+            rows += table_errors(mdir / f"tp{tp}", gdir / f"tp{tp}", f"{model_name} tp{tp}")
+    return rows
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}"
+
+
+def render(errors: list[ErrorRow], steps: list[tuple[str, str, int, int]]) -> str:
+    lines = [
+        "Per-table error, `|roofline/measured - 1|` over the measured grid points "
+        "(signed = median of `roofline/measured - 1`, + means the roofline is slower):",
+        "",
+        "| bundle | table | layer / regime | rows | median % | P90 % | signed median % |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for e in errors:
+        lines.append(f"| {e.bundle} | {e.table} | {e.item} | {e.rows} | {_pct(e.median)} | "
+                     f"{_pct(e.p90)} | {_pct(e.signed_median)} |")
+    pooled = pd.DataFrame([asdict(e) for e in errors])
+    lines += ["", "Pooled over bundles (row-weighted mean of the per-bundle statistics):", "",
+              "| table | layer / regime | median % | P90 % |", "|---|---|---:|---:|"]
+    for (table, item), g in pooled.groupby(["table", "item"], sort=False):
+        w = g["rows"] / g["rows"].sum()
+        lines.append(f"| {table} | {item} | {_pct(float((g['median'] * w).sum()))} | "
+                     f"{_pct(float((g['p90'] * w).sum()))} |")
+    lines += ["", "Whole-step latency (ProfiledLatencyModel on each bundle, host I/O dropped):", "",
+              "| bundle | step | measured ms | roofline ms | roofline/measured - 1 % |",
+              "|---|---|---:|---:|---:|"]
+    for bundle, label, m_ns, r_ns in steps:
+        lines.append(f"| {bundle} | {label} | {m_ns / 1e6:.3f} | {r_ns / 1e6:.3f} | "
+                     f"{100 * (r_ns / m_ns - 1):+.1f} |")
+    rel = np.array([r / m - 1 for _, _, m, r in steps])
+    lines += ["", f"Whole-step |error| over these {rel.size} steps: median "
+              f"{100 * np.median(np.abs(rel)):.1f} %, max {100 * np.max(np.abs(rel)):.1f} %."]
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(doc: Path, block: str) -> None:
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{doc}: markers {BEGIN} / {END} not found")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(f"{head}{BEGIN}\n{block}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=default_data_dir(), help="shared data folder")
+    ap.add_argument("--doc", type=Path, default=None, help="markdown file to update in place")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        errors = all_table_errors(args.data, Path(tmp))
+        clear_bundle_cache()
+        steps = step_errors(args.data, Path(tmp) / "steps")
+        clear_bundle_cache()
+    block = render(errors, steps)
+    print(block)
+    if args.doc is not None:
+        write_doc(args.doc, block)
+
+
+if __name__ == "__main__":
+    main()

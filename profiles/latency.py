@@ -251,6 +251,17 @@ def balanced_routing(total_tokens: int, num_experts: int, top_k: int, ep: int) -
     return tokens, activated
 
 
+def pipeline_blocks(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Transformer blocks per pipeline stage, vLLM's split: ``num_layers // pp`` each, and the
+    remainder one extra block each to the stages just before the last (32 over 3 -> 11, 11, 10).
+    """
+    per, rem = divmod(num_layers, pp)
+    blocks = [per] * pp
+    for i in range(rem):
+        blocks[pp - 2 - i] += 1  # rem < pp, so pp >= 2 here
+    return tuple(blocks)
+
+
 # ------------------------------------------------------------------------------------ the model
 
 
@@ -261,24 +272,29 @@ class ProfiledLatencyModel:
     (architecture facts), ``tp`` (tensor-parallel degree; the ``tp<N>`` tables hold per-rank
     times), ``ep`` (expert-parallel degree for MoE routing), ``host_mem_bw_gbs`` (host memory
     bandwidth for the I/O term, None to drop it), ``reference_quirks`` (see module docstring),
-    ``architecture`` (defaults to the shipped file for ``model.model_type``).
+    ``architecture`` (defaults to the shipped file for ``model.model_type``), ``pp`` (pipeline
+    stages, for :meth:`stage_times_ns` / :meth:`stage_ns`; blocks are split as vLLM does).
     """
 
     def __init__(self, bundle: ProfileBundle, model: ModelSpec, tp: int = 1, *, ep: int = 1,
                  host_mem_bw_gbs: float | None = 256.0, reference_quirks: bool = True,
-                 architecture: Architecture | None = None) -> None:
+                 architecture: Architecture | None = None, pp: int = 1) -> None:
         if tp < 1:
             raise ConfigError(f"tp = {tp}: tensor-parallel degree must be >= 1")
         if ep < 1:
             raise ConfigError(f"ep = {ep}: expert-parallel degree must be >= 1")
         if model.num_layers < 1:
             raise ConfigError(f"model {model.name}: num_layers = {model.num_layers} must be >= 1")
+        if not 1 <= pp <= model.num_layers:
+            raise ConfigError(f"pp = {pp}: pipeline stages must be between 1 and num_layers = {model.num_layers}")
         if host_mem_bw_gbs is not None and not host_mem_bw_gbs > 0:
             raise ConfigError(f"host_mem_bw_gbs = {host_mem_bw_gbs}: must be > 0 (or None to drop host I/O)")
         self.bundle = bundle
         self.model = model
         self.tp = tp
         self.ep = ep
+        self.pp = pp
+        self.stage_blocks = pipeline_blocks(model.num_layers, pp)
         self.reference_quirks = reference_quirks
         self.arch = architecture or load_architecture(model.model_type)
         if self.arch.is_moe != model.is_moe:
@@ -315,6 +331,7 @@ class ProfiledLatencyModel:
         self._tok_cache: dict[int, int] = {}
         self._seq_cache: dict[int, int] = {}
         self._cache: dict[BatchShape, int] = {}
+        self._stage_cache: dict[BatchShape, int] = {}
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -481,6 +498,35 @@ class ProfiledLatencyModel:
         out["host_io"] = self.host_io_ns(shape)
         return out
 
+    def stage_times_ns(self, shape: BatchShape) -> list[int]:
+        """Compute time of each pipeline stage for this batch (sums to :meth:`iteration_ns`).
+
+        Stage 0 also runs the prologue and the host I/O load, the last stage the head; stage
+        i runs ``stage_blocks[i]`` transformer blocks. Send/receive between stages is not priced.
+        """
+        tok = max(shape.total_tokens, 1)
+        seq = max(shape.num_seqs, 1)
+
+        def rows(section) -> int:
+            return sum(n * curve_ns(c, seq if kind == "per_sequence" else tok)
+                       for _, kind, c, n in section)
+
+        block = rows(self._block) + self.attention_ns(shape) + self.moe_ns(shape)
+        times = [b * block for b in self.stage_blocks]
+        times[0] += rows(self._prologue) + self.host_io_ns(shape)
+        times[-1] += rows(self._head)
+        return times
+
+    def stage_ns(self, shape: BatchShape) -> int:
+        """Time the batch occupies the first pipeline stage (memoised)."""
+        v = self._stage_cache.get(shape)
+        if v is None:
+            v = self.stage_times_ns(shape)[0]
+            if len(self._stage_cache) >= _MAX_CACHE:
+                self._stage_cache.clear()
+            self._stage_cache[shape] = v
+        return v
+
     def check_engine(self, engine: EngineConfig) -> list[str]:
         """Warn (once per message) when the engine's limits exceed the profiled range.
 
@@ -500,6 +546,7 @@ class ProfiledLatencyModel:
     def clear_cache(self) -> None:
         """Forget every memoised value (shapes, per-token / per-sequence parts, attention)."""
         self._cache.clear()
+        self._stage_cache.clear()
         self._tok_cache.clear()
         self._seq_cache.clear()
         self._attention._memo.clear()

@@ -391,3 +391,30 @@ def test_nearest_pair_ties_resolve_to_first_sorted_pair() -> None:
     lookup = _AttentionLookup(table, ragged_nd=False)
     assert lookup._nearest_pair(0, 0) == (0, 2)  # both at squared distance 4
     assert lookup(0, 0, 0, 16) == 1000
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "expected"),
+    [(32, 1, (32,)), (32, 2, (16, 16)), (32, 3, (11, 11, 10)), (10, 4, (2, 3, 3, 2)),
+     (7, 4, (2, 2, 2, 1)), (5, 5, (1, 1, 1, 1, 1))],
+)
+def test_pipeline_blocks(layers: int, pp: int, expected: tuple) -> None:
+    from profiles.latency import pipeline_blocks
+
+    assert pipeline_blocks(layers, pp) == expected
+
+
+def test_stage_times(tmp_path: Path) -> None:
+    spec = replace(TINY, num_layers=5)
+    m = make_model(tmp_path, spec, pp=2, skew=SKEW)
+    assert m.stage_blocks == (3, 2)
+    for s in (shape([(8, 0)]), shape([(24, 32)], [16, 64]), shape(decodes=[40] * 3)):
+        times = m.stage_times_ns(s)
+        assert sum(times) == m.iteration_ns(s)
+        assert m.stage_ns(s) == times[0]
+        bd = m.breakdown(s)
+        per_block = (m.iteration_ns(s) - bd["embedding"] - bd["final_layernorm"] - bd["lm_head"]
+                     - bd["sampler"] - bd["host_io"]) // 5
+        assert times[0] == 3 * per_block + bd["embedding"] + bd["host_io"]
+    with pytest.raises(ConfigError, match="pp = 6"):
+        make_model(tmp_path / "x", spec, pp=6)

@@ -2,13 +2,18 @@
 ``single_type_kv_cache_manager.py``), one KV-cache group.
 
 It alone decides allocation; the block pool alone owns the ledger. Block tables are
-append-only while a request lives.
+append-only while a request lives. Optional lower prefix-cache tiers (host DRAM, CXL;
+:mod:`engine.kv_tiers`) continue the lookup below the NPU and receive write-through copies.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.block_pool import BlockPool
+from engine.kv_tiers import KVTierPool, LowerTiers
 from engine.request import Request
+from engine.specs import ConfigError
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -25,11 +30,34 @@ class KVCacheManager:
         "num_cached_block",
         "prefix_queries",
         "prefix_hits",
+        "tiers",
+        "kv_bytes_per_token",
     )
 
     def __init__(
-        self, num_blocks: int, block_size: int, max_model_len: int, enable_caching: bool
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        enable_caching: bool,
+        *,
+        tiers: Sequence[KVTierPool] = (),
+        kv_bytes_per_token: int | None = None,
+        recall_requesters: int = 1,
     ) -> None:
+        """``tiers``: lower prefix-cache pools in lookup order (may be shared with other
+        managers); ``kv_bytes_per_token``: this instance's full KV bytes per token (all layers,
+        all ranks), checked against the pools and used for byte stats; ``recall_requesters``:
+        NPUs that each load a recall (the reference bills every NPU of the instance)."""
+        if tiers and not enable_caching:
+            raise ConfigError(
+                "kv tiers need prefix caching (block hashes): set enable_prefix_caching=True "
+                "or drop the lower tiers"
+            )
+        self.tiers: LowerTiers | None = (
+            LowerTiers(tiers, block_size, kv_bytes_per_token, recall_requesters) if tiers else None
+        )
+        self.kv_bytes_per_token = kv_bytes_per_token
         self.pool = BlockPool(num_blocks, enable_caching)
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -60,6 +88,23 @@ class KVCacheManager:
         self.prefix_queries += req.num_tokens
         self.prefix_hits += n
         return hits, n
+
+    def get_external_computed_tokens(self, req: Request, local_hit: int) -> int:
+        """Tokens the lower tiers add beyond the NPU hit of ``local_hit`` tokens (0 without
+        tiers); see :meth:`engine.kv_tiers.LowerTiers.lookup`. Call :meth:`admit_external` once
+        the request is admitted in the same ``schedule()``."""
+        if self.tiers is None:
+            return 0
+        return self.tiers.lookup(req, local_hit)
+
+    def admit_external(self, req: Request) -> None:
+        """Record an admitted request's lower-tier lookup and queue its recall for this step."""
+        if self.tiers is not None:
+            self.tiers.admit(req)
+
+    def take_recall_ns(self) -> int:
+        """Critical-path time of the recalls admitted since the last call (0 without tiers)."""
+        return self.tiers.take_recall_ns() if self.tiers is not None else 0
 
     # -- allocation ---------------------------------------------------------------------
     def _num_blocks_to_allocate(
@@ -123,6 +168,10 @@ class KVCacheManager:
             pool.touch(hb)
             blocks.extend(hb)
             self.num_cached_block[req.index] = len(blocks)
+            if self.tiers is not None:
+                # vLLM offers every full chunk to the offloading store, hits included
+                # (resident ones are skipped / refreshed).
+                self.tiers.write_down(req.block_hashes, 0, len(hb))
         k = _cdiv(need_slots, self.block_size) - len(blocks)
         if k > 0:
             blocks.extend(pool.get_new_blocks(k))
@@ -138,6 +187,8 @@ class KVCacheManager:
             return
         self.pool.cache_full_blocks(self.req_blocks[req.index], req.block_hashes, done, num_full)
         self.num_cached_block[req.index] = num_full
+        if self.tiers is not None:
+            self.tiers.write_down(req.block_hashes, done, num_full)
 
     def free(self, req: Request) -> None:
         """Release a request's blocks tail-first so its last block is evicted first."""
@@ -149,3 +200,32 @@ class KVCacheManager:
 
     def usage(self) -> float:
         return self.pool.usage()
+
+    def tier_stats(self) -> dict[str, dict[str, float | int | str]]:
+        """KV usage and prefix hit rates per tier, ``"npu"`` first, then each lower tier by
+        name. NPU queries/hits are counted on every lookup (vLLM ``PrefixCacheStats``), lower
+        tiers on admission; see :meth:`engine.kv_tiers.LowerTiers.stats`."""
+        pool = self.pool
+        usable = pool.num_blocks - 1
+        used = usable - pool.num_free
+        cached = sum(len(ids) for ids in pool.cached.values())
+        q = self.prefix_queries
+        npu: dict[str, float | int | str] = {
+            "tier": "npu",
+            "query_tokens": q,
+            "hit_tokens": self.prefix_hits,
+            "hit_rate": self.prefix_hits / q if q else 0.0,
+            "capacity_blocks": usable,
+            "used_blocks": used,
+            "cached_blocks": cached,
+            "usage": pool.usage(),
+            "evicted_blocks": pool.num_evictions,
+        }
+        if self.kv_bytes_per_token is not None:
+            per_block = self.kv_bytes_per_token * self.block_size
+            npu["capacity_bytes"] = usable * per_block
+            npu["bytes_used"] = used * per_block
+        out = {"npu": npu}
+        if self.tiers is not None:
+            out.update(self.tiers.stats())
+        return out

@@ -8,6 +8,9 @@ FCFS while budget and ``max_num_seqs`` allow, stopping at the first that does no
 is skipped entirely in a step that preempted. ``num_computed_tokens`` advances at schedule
 time. With async scheduling (vLLM 0.19's default) a non-final step adds an output
 placeholder so the next step can be scheduled before this one's token is known.
+With lower KV tiers (:mod:`engine.kv_tiers`) an admission's NPU prefix hit is extended by
+the tiers' hit (vLLM connector semantics); the recall time is added to the step's
+``extra_ns``.
 """
 
 from __future__ import annotations
@@ -124,14 +127,21 @@ class Scheduler:
             i += 1
 
         # Phase B: admission, only in a step that preempted nobody.
+        tiered = kv.tiers is not None
         if not step.preempted:
             waiting = self.waiting
             while waiting and budget > 0:
                 if len(running) >= self.max_num_seqs:
                     break
                 req = waiting[0]
-                if req.num_computed_tokens == 0:
+                ext = 0
+                looked_up = req.num_computed_tokens == 0
+                if looked_up:
                     hit_blocks, computed = kv.get_computed_blocks(req)
+                    if tiered:
+                        # Continue below the NPU (connector-style external hit tokens).
+                        ext = kv.get_external_computed_tokens(req, computed)
+                        computed += ext
                 else:
                     hit_blocks, computed = [], req.num_computed_tokens
                 n = req.num_tokens - computed
@@ -143,6 +153,8 @@ class Scheduler:
                     break
                 if not kv.allocate_slots(req, n, computed, hit_blocks):
                     break  # head-of-line blocking: nothing behind it is tried
+                if tiered and looked_up:
+                    kv.admit_external(req)
                 waiting.popleft()
                 resumed = req.status == RequestStatus.PREEMPTED
                 running.append(req)
@@ -184,6 +196,9 @@ class Scheduler:
             samples.append(sample)
             if sample and async_:
                 req.num_output_placeholders += 1
+        if tiered:
+            # Lower-tier KV recalled for this step's admissions is on its critical path.
+            step.extra_ns += kv.take_recall_ns()
         step.total_tokens = total
         step.prompt_tokens = pc
         if reqs:

@@ -13,7 +13,7 @@ from profiles.bundle import (
     load_bundle,
     variant_name,
 )
-from profiles.latency import ProfiledLatencyModel
+from profiles.latency import ProfiledLatencyModel, load_profiled_model
 
 __all__ = [
     "Architecture",
@@ -24,5 +24,6 @@ __all__ = [
     "clear_bundle_cache",
     "load_architecture",
     "load_bundle",
+    "load_profiled_model",
     "variant_name",
 ]

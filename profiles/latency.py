@@ -41,6 +41,7 @@ import logging
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -54,6 +55,8 @@ from profiles.bundle import (
     MoeTable,
     ProfileBundle,
     SkewTpEntry,
+    load_bundle,
+    variant_name,
 )
 
 log = logging.getLogger(__name__)
@@ -550,3 +553,14 @@ class ProfiledLatencyModel:
         self._tok_cache.clear()
         self._seq_cache.clear()
         self._attention._memo.clear()
+
+
+def load_profiled_model(root: str | Path, hardware: str, model: ModelSpec, tp: int = 1, *,
+                        kv_cache_dtype: str = "auto", **kwargs) -> ProfiledLatencyModel:
+    """Load ``<root>/<hardware>/<model.name>/<variant>`` and build the latency model.
+
+    The variant follows the reference naming rule from the model dtype and the KV-cache dtype
+    (``bf16``, ``bf16-kvfp8``, ...). ``kwargs`` go to :class:`ProfiledLatencyModel`.
+    """
+    bundle = load_bundle(root, hardware, model.name, variant_name(model.dtype, kv_cache_dtype))
+    return ProfiledLatencyModel(bundle, model, tp, **kwargs)

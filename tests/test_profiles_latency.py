@@ -418,3 +418,15 @@ def test_stage_times(tmp_path: Path) -> None:
         assert times[0] == 3 * per_block + bd["embedding"] + bd["host_io"]
     with pytest.raises(ConfigError, match="pp = 6"):
         make_model(tmp_path / "x", spec, pp=6)
+
+
+def test_load_profiled_model_picks_variant(tmp_path: Path) -> None:
+    from profiles.latency import load_profiled_model
+
+    clear_bundle_cache()
+    spec = replace(TINY, name="test/tiny")
+    write_bundle(tmp_path, variant="bf16-kvfp8")
+    m = load_profiled_model(tmp_path, "TESTGPU", spec, kv_cache_dtype="fp8")
+    assert m.bundle.path.name == "bf16-kvfp8"
+    with pytest.raises(BundleError, match=r"test/tiny/bf16: profile bundle directory not found"):
+        load_profiled_model(tmp_path, "TESTGPU", spec)

@@ -33,6 +33,13 @@ pc >= 128 (flattening the n_decode axis above 128). With ``reference_quirks=Fals
 the n_decode axis is instead bracketed per prefill-chunk on the n_decode values that exist for
 that chunk, so such a batch extrapolates linearly from that chunk's own n_decode = 64 / 128
 rows.
+
+Data-parallel padding (as the reference): give the padded ``total_tokens`` (dense rows, MoE)
+and ``num_seqs`` (lm_head / sampler rows, including dummy decodes), but only the real decodes in
+``num_decode`` and ``decode_kv_*`` (attention never sees padding).
+
+Every result is memoised: whole steps per :class:`BatchShape`, and underneath the token-keyed
+part per total_tokens, the sequence-keyed part per num_seqs and each 4-D attention lookup.
 """
 
 from __future__ import annotations

@@ -266,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         spread = max((max(v) - min(v) for v in by_size.values()), default=0)
         print(f"{ex.folder}: {len(its)} iterations, {len(by_size)} batch sizes, "
               f"exact {exact}, max residual spread within a batch size {spread} ns")
-        for size in sorted(by_size)[:3] + sorted(by_size)[-2:]:
+        sizes = sorted(by_size)
+        for size in sorted(set(sizes[:3] + sizes[-2:])):
             v = by_size[size]
             print(f"   decodes {size:4d}: {len(v):4d} iterations, residual (reference - model) "
                   f"{min(v):,} .. {max(v):,} ns")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -30,22 +30,10 @@ from profiles.bundle import clear_bundle_cache, load_bundle
 from profiles.catalog import load_hardware, load_model
 from profiles.latency import ProfiledLatencyModel
 from profiles.roofline import generate_bundle
-from profiles.roofline_fit import (
-    MEASURED,
-    attention_regime,
-    default_data_dir,
-    measured_tps,
-    measured_variant_dir,
-)
+from profiles.roofline_check import ErrorRow, table_errors
+from profiles.roofline_fit import MEASURED, default_data_dir, measured_tps, measured_variant_dir
 
 BEGIN, END = "<!-- roofline_error:begin -->", "<!-- roofline_error:end -->"
-_KEYS = {
-    "dense": ["layer", "tokens"],
-    "per_sequence": ["layer", "sequences"],
-    "attention": ["prefill_chunk", "kv_prefill", "n_decode", "kv_decode"],
-    "moe": ["tokens", "activated_experts"],
-}
-
 #: Representative steps: (label, BatchShape).
 SHAPES: tuple[tuple[str, BatchShape], ...] = (
     ("prefill 2048, no history", BatchShape(2048, 1, 2048, 0, 0, 0, 0, 0)),
@@ -56,45 +44,6 @@ SHAPES: tuple[tuple[str, BatchShape], ...] = (
     ("prefill 1320 + 2 decodes", BatchShape(1322, 3, 1320, 0, 2, 3425, 1041, 2384)),
     ("prefill 1920 + 128 decodes kv 1000", BatchShape(2048, 129, 1920, 0, 128, 128_000, 1000, 1000)),
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ErrorRow:
-    bundle: str  # "<model> tp<N>"
-    table: str
-    item: str  # layer name or attention regime
-    rows: int
-    median: float
-    p90: float
-    signed_median: float
-
-
-def _summary(bundle: str, table: str, item: str, ratio: np.ndarray) -> ErrorRow:
-    rel = ratio - 1.0
-    return ErrorRow(bundle, table, item, int(rel.size), float(np.median(np.abs(rel))),
-                    float(np.quantile(np.abs(rel), 0.9)), float(np.median(rel)))
-
-
-def table_errors(measured_dir: Path, generated_dir: Path, label: str) -> list[ErrorRow]:
-    """Per-table error rows of one TP folder (generated joined to measured on the keys)."""
-    out: list[ErrorRow] = []
-    for table, keys in _KEYS.items():
-        mpath, gpath = measured_dir / f"{table}.csv", generated_dir / f"{table}.csv"
-        if not mpath.is_file() or not gpath.is_file():
-            continue
-        joined = pd.read_csv(mpath).merge(pd.read_csv(gpath), on=keys, suffixes=("_m", "_g"))
-        ratio = (joined["time_us_g"] / joined["time_us_m"]).to_numpy()
-        if table in ("dense", "per_sequence"):
-            for layer, idx in joined.groupby("layer").groups.items():
-                out.append(_summary(label, table, str(layer), ratio[joined.index.get_indexer(idx)]))
-        elif table == "attention":
-            out.append(_summary(label, table, "all", ratio))
-            regime = attention_regime(joined["prefill_chunk"].to_numpy(), joined["n_decode"].to_numpy())
-            for name in ("decode", "prefill", "mixed"):
-                out.append(_summary(label, table, name, ratio[regime == name]))
-        else:
-            out.append(_summary(label, table, "moe", ratio))
-    return out
 
 
 def step_errors(data: Path, workdir: Path) -> list[tuple[str, str, int, int]]:

@@ -97,6 +97,8 @@ def kernel_time_us(
     t = launch + body
     if work.sequences is not None:
         t = t + per_seq * work.sequences
+    for part, mask in work.floors:
+        t = np.where(mask, np.maximum(t, kernel_time_us(part, f, hardware, fp8_compute)), t)
     return t
 
 

@@ -116,6 +116,9 @@ class Work:
     gqa_extra_bytes: np.ndarray | None = None
     # Attention only: rows without a prefill chunk, which run the split-KV decode kernel.
     decode_only: np.ndarray | None = None
+    # Lower bounds: (work, mask) pairs; where mask is true the row takes at least that work's
+    # time (a mixed attention call is never faster than its prefill or its decodes alone).
+    floors: tuple[tuple[Work, np.ndarray], ...] = ()
 
 
 def _gemm(t: np.ndarray, k: int, n: int, wb: float) -> Work:
@@ -171,6 +174,31 @@ def per_sequence_work(layer: str, s: RankShape, sequences: np.ndarray) -> Work:
 
 
 def attention_work(
+    s: RankShape,
+    p: Precision,
+    prefill_chunk: np.ndarray,
+    kv_prefill: np.ndarray,
+    n_decode: np.ndarray,
+    kv_decode: np.ndarray,
+) -> Work:
+    """Work of one varlen attention call (see :func:`attention_call_work`), with floors.
+
+    A row holding both a prefill chunk and decodes is floored by the time of its prefill part
+    alone and of its decode part alone, so adding work to a call never makes it faster.
+    """
+    pc, kp, nd, kv = (np.asarray(a) for a in (prefill_chunk, kv_prefill, n_decode, kv_decode))
+    zero = np.zeros_like(pc)
+    full = attention_call_work(s, p, pc, kp, nd, kv)
+    prefill_part = attention_call_work(s, p, pc, kp, zero, zero)
+    decode_part = attention_call_work(s, p, zero, zero, nd, kv)
+    mixed = (pc > 0) & (nd > 0)
+    return Work(
+        full.flops, full.bytes, full.serial_keys, full.sequences, full.gqa_extra_bytes,
+        full.decode_only, floors=((prefill_part, mixed), (decode_part, mixed)),
+    )
+
+
+def attention_call_work(
     s: RankShape,
     p: Precision,
     prefill_chunk: np.ndarray,

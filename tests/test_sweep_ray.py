@@ -1,0 +1,172 @@
+"""Small real sweeps through the ray_actor launcher: MLflow runs, Parquet table, failures."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra._internal.hydra import Hydra
+from hydra.core.global_hydra import GlobalHydra
+from mlflow.tracking import MlflowClient
+
+from sweep.app import task
+from sweep.recorder import RESULTS_FILE, read_results_table
+from sweep.summarize import main as summarize_main
+
+ray = pytest.importorskip("ray")
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.usefixtures("ray_session"),
+    pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning"),
+]
+
+REQUIRED_METRICS = (
+    "ttft_ms_p99", "tpot_ms_p99", "itl_ms_p99", "e2el_ms_p99", "ttft_ms_median",
+    "request_throughput", "output_throughput", "goodput_rps", "slo_attainment_pct",
+    "kv_usage_pct_max", "num_preemptions", "prefix_hit_rate", "makespan_s", "job_wall_s",
+)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 2**20,
+             include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def mlflow_template(tmp_path_factory) -> Path:
+    """A migrated MLflow sqlite store, created once (migrations take seconds)."""
+    from sweep.tracking import Tracker
+
+    path = tmp_path_factory.mktemp("mlflow") / "template.db"
+    Tracker(f"sqlite:///{path}", "template")
+    return path
+
+
+@pytest.fixture
+def store(tmp_path, mlflow_template, monkeypatch) -> str:
+    monkeypatch.chdir(tmp_path)  # MLflow puts artifacts under ./mlruns
+    shutil.copy(mlflow_template, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def run_sweep(sweep_dir: Path, overrides: list[str]):
+    """``python -m sweep <overrides> -m`` in this process (Hydra's own test runners delete
+    the sweep dir on exit; here it is kept for inspection)."""
+    hydra_ = Hydra.create_main_hydra_file_or_module(
+        calling_file=None, calling_module="sweep.app", config_path="../conf", job_name="sweep"
+    )
+    try:
+        returns = hydra_.multirun(
+            config_name="config",
+            task_function=task,
+            overrides=["hydra.launcher.progress=false", f"hydra.sweep.dir={sweep_dir}", *overrides],
+            with_log_configuration=False,
+        )
+    finally:
+        GlobalHydra().clear()
+    return returns[0]
+
+
+def children(client: MlflowClient, experiment: str):
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    kids = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return parents, kids
+
+
+def test_small_sweep_logs_runs_and_writes_the_results_table(tmp_path, store):
+    sweep_dir = tmp_path / "sweep"
+    returns = run_sweep(sweep_dir, [
+        "+experiment=mem_util_grid",
+        "cluster.gpu_memory_utilization=0.5,0.9",
+        "workload.rate=1,3",
+        "workload.num_requests=80",
+        f"tracking.uri={store}",
+    ])
+    assert len(returns) == 4
+    swept = [
+        {k: v for k, v in (o.split("=", 1) for o in r.overrides)
+         if k in ("cluster.gpu_memory_utilization", "workload.rate")}
+        for r in returns
+    ]
+    assert swept == [
+        {"cluster.gpu_memory_utilization": u, "workload.rate": r}
+        for u in ("0.5", "0.9") for r in ("1", "3")
+    ]
+    assert [r.return_value["metrics"]["completed"] for r in returns] == [80] * 4
+
+    client = MlflowClient(store)
+    parents, kids = children(client, "mem_util_grid")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert parents[0].data.tags["failed_jobs"] == "0"
+    assert len(kids) == 4
+    assert {k.data.tags["mlflow.parentRunId"] for k in kids} == {parents[0].info.run_id}
+    for kid in kids:
+        assert kid.info.status == "FINISHED"
+        missing = [m for m in REQUIRED_METRICS if m not in kid.data.metrics]
+        assert not missing, missing
+        assert kid.data.params["model.name"] == "meta-llama/Llama-3.1-8B"
+        assert kid.data.params["hardware.name"] == "L40S"
+        assert kid.data.metrics["completed"] == 80
+        series = client.get_metric_history(kid.info.run_id, "ts/running")
+        assert len(series) >= 10 and len({m.step for m in series}) == len(series)
+        artifacts = {a.path for a in client.list_artifacts(kid.info.run_id)}
+        assert {"requests.parquet", "config_resolved.yaml", "timeseries.png"} <= artifacts
+
+    table, meta = read_results_table(sweep_dir / RESULTS_FILE)
+    assert meta["study"]["name"] == "mem_util_grid"
+    assert meta["parent_run_id"] == parents[0].info.run_id
+    assert list(table["job"]) == [0, 1, 2, 3]
+    assert (table["status"] == "finished").all()
+    assert list(table["cluster.gpu_memory_utilization"]) == [0.5, 0.5, 0.9, 0.9]
+    assert list(table["workload.rate"]) == [1.0, 3.0, 1.0, 3.0]
+    # the table and MLflow hold the same numbers
+    by_run = {k.info.run_id: k for k in kids}
+    for _, row in table.iterrows():
+        assert by_run[row["mlflow_run_id"]].data.metrics["ttft_ms_p99"] == pytest.approx(row["ttft_ms_p99"])
+    # less memory -> fewer KV blocks; more load -> higher throughput
+    assert table.loc[0, "kv_num_blocks"] < table.loc[2, "kv_num_blocks"]
+    assert table.loc[3, "request_throughput"] > table.loc[2, "request_throughput"]
+    requests = pd.read_parquet(Path(table.loc[0, "output_dir"]) / "requests.parquet")
+    assert len(requests) == 80 and "token_times_ns" in requests
+
+    out = tmp_path / "plot.png"
+    assert summarize_main([str(sweep_dir), "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
+
+
+def test_a_failing_point_is_recorded_and_the_others_finish(tmp_path, store):
+    sweep_dir = tmp_path / "sweep"
+    returns = run_sweep(sweep_dir, [
+        "cluster.max_model_len=1024,32768",  # 1024 is too short for ShareGPT-like requests
+        "workload.num_requests=40",
+        "tracking.experiment=failing",
+        f"tracking.uri={store}",
+    ])
+    values = [r.return_value for r in returns]
+    assert values[0]["status"] == "failed" and "max_model_len" in values[0]["error"]
+    assert "metrics" in values[1]
+
+    client = MlflowClient(store)
+    parents, kids = children(client, "failing")
+    assert len(parents) == 1 and parents[0].info.status == "FAILED"
+    assert parents[0].data.tags["failed_jobs"] == "1"
+    status = {k.data.tags["job_num"]: k.info.status for k in kids}
+    assert status == {"0": "FAILED", "1": "FINISHED"}
+    failed = next(k for k in kids if k.data.tags["job_num"] == "0")
+    assert "error.txt" in {a.path for a in client.list_artifacts(failed.info.run_id)}
+
+    table, _ = read_results_table(sweep_dir / RESULTS_FILE)
+    assert list(table["status"]) == ["failed", "finished"]
+    assert "max_model_len" in table.loc[0, "error"] and "Traceback" in table.loc[0, "error"]
+    assert table.loc[1, "completed"] == 40

@@ -26,7 +26,7 @@ from engine.memory import kv_capacity
 from engine.specs import GIB, ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from profiles.bundle import load_bundle, variant_name
 from profiles.catalog import list_hardware, load_hardware, load_model, model_from_hf_config
-from profiles.latency import ProfiledLatencyModel
+from profiles.parallel import latency_for_instance
 from workloads import read_jsonl
 
 
@@ -101,7 +101,13 @@ def run_validation(
     config = build_config(gt, settings, base or EngineConfig())
     variant = variant_name(settings["dtype"], settings["kv_cache_dtype"])
     bundle = load_bundle(profiles, hardware.name, model.name, variant)
-    latency = ProfiledLatencyModel(bundle, model, config.tensor_parallel_size)
+    inst = gt.cluster.instances[0]
+    latency = latency_for_instance(
+        bundle, model, tp=config.tensor_parallel_size,
+        link_bw_gbs=gt.cluster.link_bw, link_latency_ns=gt.cluster.link_latency,
+        hardware=hardware, host_mem_bw_gbs=gt.cluster.nodes[0].cpu_mem.mem_bw,
+        kv_cache_dtype=config.kv_cache_dtype,
+    )
     limit = gt.meta.get("num_requests")
     requests = read_jsonl(workload, limit=int(limit) if limit else None)
 

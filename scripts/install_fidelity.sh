@@ -26,17 +26,14 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --no-deps "vllm==0.19.1"
 
 # What vLLM 0.19.1's scheduler path (vllm.config, vllm.v1.core.*, vllm.v1.request,
-# vllm.v1.outputs, structured-output manager) imports. Versions are those vLLM 0.19.1 accepts.
+# vllm.v1.outputs, the structured-output manager) imports; ranges are those vLLM 0.19.1's
+# metadata accepts. triton comes without any CUDA runtime (vLLM disables it: no driver).
 "${PIP[@]}" \
-  "transformers>=4.56,<5" "huggingface_hub" "tokenizers" "safetensors" "sentencepiece" \
-  "msgspec" "cbor2" "blake3" "pybase64" "pydantic>=2.12" "pyyaml" "regex" "psutil" \
-  "py-cpuinfo" "pyzmq>=25" "cloudpickle" "prometheus_client>=0.18" "prometheus-fastapi-instrumentator" \
-  "openai>=1.99" "openai-harmony>=0.0.3" "llguidance>=1.3,<1.4" "xgrammar==0.1.33" \
-  "gguf>=0.17" "einops" "diskcache" "cachetools" "setproctitle" "uvloop" "aiohttp" \
-  "requests" "pillow" "tqdm" "numpy" "triton" "typing_extensions" "filelock" "partial-json-parser" \
-  "lm-format-enforcer" "outlines_core" "compressed-tensors" "depyf" "watchfiles" "python-json-logger" \
-  "fastapi" "mistral_common" "tiktoken" "lark" "scipy" "ninja" "numba" "opencv-python-headless" \
-  "protobuf" "pyjwt" "model-hosting-container-standards" "anthropic" "ijson" "mcp" "openai-harmony"
+  "transformers>=4.56,<4.58" huggingface_hub tokenizers safetensors sentencepiece \
+  msgspec cbor2 blake3 pybase64 "pydantic>=2.12" pyyaml regex psutil py-cpuinfo \
+  "pyzmq>=25" cloudpickle "prometheus_client>=0.18" "openai>=2" "openai-harmony>=0.0.3" \
+  "llguidance>=1.3,<1.4" "xgrammar>=0.1.32,<1" "gguf>=0.17" einops "diskcache==5.6.3" \
+  cachetools setproctitle uvloop "aiohttp>=3.13.3" requests pillow tqdm numpy triton
 
 # This project, without its (heavy: ray, mlflow, ...) dependency list; engine/ and
 # workloads/ need numpy and pandas only; the differential test needs pytest.

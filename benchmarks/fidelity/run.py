@@ -1,0 +1,312 @@
+"""Run the differential cases and write the report (``docs/fidelity.md``).
+
+    bash scripts/install_fidelity.sh && /work/venv-fidelity/bin/python -m benchmarks.fidelity.run
+
+Options: ``--cases full|fast|NAME[,NAME...]`` (default ``full``), ``--jobs N`` (cases run in
+parallel processes, default 2), ``--out PATH`` (default ``docs/fidelity.md``; ``-`` prints
+the report instead). Exits 1 when any case diverges or stalls, 2 when vLLM is not importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+
+from benchmarks.fidelity.cases import REPO_ROOT, Case, fast_cases, full_cases
+from benchmarks.fidelity.diff import CaseResult, run_case
+from benchmarks.fidelity.sides import OursSide, VllmSide, vllm_available
+
+DEFAULT_OUT = REPO_ROOT / "docs" / "fidelity.md"
+
+
+def run_one(case: Case) -> tuple[Case, CaseResult, int]:
+    """Build the case's workload and drive both sides (runs in a worker process)."""
+    specs = case.specs()
+    res = run_case(
+        case.name,
+        case.cfg,
+        specs,
+        OursSide,
+        VllmSide,
+        step_ns=case.step_ns,
+        free_queue_every=case.free_queue_every,
+    )
+    return case, res, len(specs)
+
+
+def _settings(case: Case) -> str:
+    c = case.cfg
+    parts = [
+        f"blocks {c.num_blocks}",
+        f"seqs {c.max_num_seqs}",
+        f"budget {c.max_num_batched_tokens}",
+    ]
+    if c.long_prefill_token_threshold:
+        parts.append(f"lpt {c.long_prefill_token_threshold}")
+    if not c.reserve_full_isl:
+        parts.append("full-ISL off")
+    parts.append("async" if c.async_scheduling else "sync")
+    return ", ".join(parts)
+
+
+def _short(value: object, limit: int = 700) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f" … ({len(text)} chars)"
+
+
+def _git_head() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+METHOD = """\
+## Method
+
+Both schedulers get the same request stream, the same settings and the same fake model,
+and are stepped in lockstep by one driver (`benchmarks/fidelity/diff.py`):
+
+- **vLLM side**: the unmodified `vllm==0.19.1` wheel: `Scheduler` (sync) or `AsyncScheduler`
+  (async) over its `KVCacheManager`/`BlockPool`, built from a `VllmConfig` whose model folder
+  holds only a tiny Llama `config.json` (`skip_tokenizer_init`, no weights), a
+  `KVCacheConfig` with one full-attention group of `num_blocks` blocks (block 0 = null),
+  FCFS, prefix caching on, hash `sha256`. Requests are `vllm.v1.request.Request` with
+  `SamplingParams(max_tokens=output_len, ignore_eos=True)` and vLLM's request block hasher.
+- **Our side**: `engine.scheduler.Scheduler` over `engine.kv_cache.KVCacheManager`.
+- **Fake model**: after each step, every scheduled request whose prefill is complete
+  (`not is_prefill_chunk` / our `samples`) gets exactly one token: its next id from the
+  workload (the replay files' `output_tok_ids`, or the engine's synthetic ids), so prefix
+  hashing over generated tokens is the same on both sides.
+- **Engine loop**: vLLM's `EngineCore.step` (sync, depth 1) or `step_with_batch_queue`
+  (async, depth 2: step k+1 is scheduled before step k's output is applied), with the GPU
+  always still busy when the next step is scheduled. Tick k stands for k · 30 ms; request i
+  is added before the first tick at or after its `arrival_time_ns`; idle stretches jump to
+  the next arrival.
+- **Compared on every tick**, field by field with `==`: the scheduled requests in schedule
+  order with their token counts and computed-tokens-before-the-step; which of them sample a
+  token; the preempted ids; for each admitted (new or resumed) request its prefix-hit
+  tokens and `num_cached_tokens`; the block ids appended to each scheduled request's block
+  table (its whole table on admission), so block tables are compared id for id; the
+  free-block count and KV usage after `schedule()` and after `update_from_output()`;
+  which requests finished; the running and waiting queues in order; and, every
+  `free_queue_every` ticks and at the end, the whole free-block queue (LRU order). Records of
+  empty batches are dropped (vLLM schedules one empty batch after requests finish, to flush
+  their ids). A tick is *compared* when either side did something, *identical* when every
+  field matches. Totals (tokens, preemptions, prefix-cache queries/hits summed over every
+  lookup, first and preempted) are compared at the end.
+- **Workloads**: the three `sharegpt-*-300-sps10` replays; `prefix` = `workload_me2_01_mixed`'s
+  arrivals and clipped lengths with explicit ids: 6 shared system prompts (300–3000 tokens)
+  and 40 multi-turn sessions (next prompt = previous prompt + reply + new user message), see
+  `benchmarks/fidelity/cases.py`.
+"""
+
+
+def render(
+    results: list[tuple[Case, CaseResult, int]], env: dict[str, str], selection: str
+) -> str:
+    lines: list[str] = []
+    add = lines.append
+    n_ok = sum(1 for _, r, _ in results if r.all_identical)
+    add("# Scheduler fidelity: step-for-step differential against vLLM 0.19.1")
+    add("")
+    add(
+        "Written by `benchmarks/fidelity/run.py` (issue 5). Reproduce with one command from the "
+        "repository root:"
+    )
+    add("")
+    add("```")
+    add(
+        "bash scripts/install_fidelity.sh && /work/venv-fidelity/bin/python -m "
+        "benchmarks.fidelity.run"
+    )
+    add("```")
+    add("")
+    add(
+        "The fast subset also runs under pytest (`tests/fidelity/test_differential.py`, "
+        "skipped when vLLM is not importable; `-m slow` adds the full set):"
+    )
+    add("`/work/venv-fidelity/bin/python -m pytest tests/fidelity -m 'slow or not slow'`.")
+    add("")
+    add("## Last run")
+    add("")
+    for k, v in env.items():
+        add(f"- {k}: {v}")
+    add(f"- cases: {selection} ({len(results)}); identical on every tick: **{n_ok}/{len(results)}**")
+    add("")
+    add(
+        "| case | workload | settings | requests | ticks compared | ticks identical | "
+        "first divergence | preemptions (ours / vLLM) | prefix hit tokens (ours / vLLM) | "
+        "mean TTFT ticks (ours / vLLM) |"
+    )
+    add("|---|---|---|---:|---:|---:|---|---|---|---|")
+    for case, r, n in results:
+        first = "none" if r.divergence is None else f"tick {r.divergence.tick}"
+        if r.stalled:
+            first += " (stalled)"
+        pre = r.totals.get("preemptions", ("?", "?"))
+        pq = r.totals.get("prefix (queries, hits)", ((0, "?"), (0, "?")))
+        tt = r.totals.get("mean TTFT (ticks)", ("?", "?"))
+        add(
+            f"| {case.name} | {case.workload}{'' if case.limit is None else f'[:{case.limit}]'} "
+            f"| {_settings(case)} | {n} | {r.compared} | {r.identical} | {first} "
+            f"| {pre[0]} / {pre[1]} | {pq[0][1]} / {pq[1][1]} | {tt[0]} / {tt[1]} |"
+        )
+    add("")
+    add("## Divergences")
+    add("")
+    diverged = [(c, r) for c, r, _ in results if not r.all_identical or r.notes]
+    if not diverged:
+        add("None: every case was identical on every compared tick, and end totals agree.")
+        add("")
+    for case, r in diverged:
+        add(f"### {case.name}")
+        add("")
+        add(f"{case.what}; {_settings(case)}.")
+        add("")
+        for note in r.notes:
+            add(f"- note: {note}")
+        if r.field_mismatches:
+            add(
+                "- ticks with a mismatch, per field: "
+                + ", ".join(f"`{k}` {v}" for k, v in sorted(r.field_mismatches.items()))
+            )
+        d = r.divergence
+        if d is not None:
+            add(f"- first divergence at tick {d.tick}, fields: {', '.join(f'`{f}`' for f in d.fields)}")
+            for f in d.fields:
+                add(f"  - `{f}` ours: `{_short(d.ours[f])}`")
+                add(f"  - `{f}` vLLM: `{_short(d.vllm[f])}`")
+            add(f"- state after the tick, ours: `{_short(d.state_ours, 1500)}`")
+            add(f"- state after the tick, vLLM: `{_short(d.state_vllm, 1500)}`")
+        for key, (a, b) in r.totals.items():
+            if a != b:
+                add(f"- end total `{key}`: ours {a}, vLLM {b}")
+        add("")
+    add("## End totals")
+    add("")
+    add("| case | tokens scheduled | tokens sampled | prefix queries | finished | wall s |")
+    add("|---|---|---|---|---|---:|")
+    for case, r, _ in results:
+        t = r.totals
+
+        def pair(key: str, idx: int | None = None, t: dict = t) -> str:
+            a, b = t.get(key, ("?", "?"))
+            if idx is not None:
+                a, b = a[idx], b[idx]
+            return f"{a}" if a == b else f"{a} ≠ {b}"
+
+        add(
+            f"| {case.name} | {pair('tokens scheduled')} | {pair('tokens sampled')} "
+            f"| {pair('prefix (queries, hits)', 0)} | {pair('requests finished')} "
+            f"| {r.seconds:.1f} |"
+        )
+    add("")
+    add(_ttft_section(results))
+    add(METHOD)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _ttft_section(results: list[tuple[Case, CaseResult, int]]) -> str:
+    """Sync vs async pairs: what vLLM's one-step lag does to TTFT (in ticks, vLLM side)."""
+    by_name = {c.name: r for c, r, _ in results}
+    rows = []
+    for c, r, _ in results:
+        if not c.name.endswith("-sync"):
+            continue
+        other = by_name.get(c.name[: -len("-sync")] + "-async")
+        if other is None:
+            continue
+        a = r.totals.get("mean TTFT (ticks)")
+        b = other.totals.get("mean TTFT (ticks)")
+        if a and b:
+            rows.append(f"| {c.name[: -len('-sync')]} | {a[1]} | {b[1]} | {b[1] - a[1]:+.3f} |")
+    if not rows:
+        return ""
+    head = [
+        "## Async scheduling and TTFT",
+        "",
+        "Mean TTFT in ticks (first token applied by `update_from_output`, minus the arrival "
+        "tick) on the vLLM side; our engine's numbers are in the summary table. Async "
+        "scheduling applies a step's output one tick later, and a request arriving while a "
+        "step runs is first seen two schedules later; under KV pressure the lag also changes "
+        "when freed blocks become visible.",
+        "",
+        "| case | sync | async | async − sync |",
+        "|---|---:|---:|---:|",
+    ]
+    return "\n".join(head + rows) + "\n"
+
+
+def select(spec: str) -> list[Case]:
+    if spec == "full":
+        return full_cases()
+    if spec == "fast":
+        return fast_cases()
+    known = {c.name: c for c in full_cases() + fast_cases()}
+    names = [s for s in spec.split(",") if s]
+    missing = [s for s in names if s not in known]
+    if missing:
+        raise SystemExit(f"unknown case(s) {missing}; known: {sorted(known)}")
+    return [known[s] for s in names]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", default="full")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    args = ap.parse_args(argv)
+    ok, why = vllm_available()
+    if not ok:
+        print(f"{why}; run `bash scripts/install_fidelity.sh` first", file=sys.stderr)
+        return 2
+    cases = select(args.cases)
+    results: list[tuple[Case, CaseResult, int]] = []
+    if args.jobs > 1 and len(cases) > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            for case, res, n in pool.map(run_one, cases):
+                results.append((case, res, n))
+                print(_progress(case, res), flush=True)
+    else:
+        for case in cases:
+            case, res, n = run_one(case)
+            results.append((case, res, n))
+            print(_progress(case, res), flush=True)
+    import torch
+    import vllm
+
+    env = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "servesweep commit": _git_head(),
+        "vLLM": vllm.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    report = render(results, env, args.cases)
+    if args.out == "-":
+        print(report)
+    else:
+        Path(args.out).write_text(report)
+        print(f"wrote {args.out}")
+    return 0 if all(r.all_identical for _, r, _ in results) else 1
+
+
+def _progress(case: Case, r: CaseResult) -> str:
+    first = "identical" if r.divergence is None else f"first divergence at tick {r.divergence.tick}"
+    return f"{case.name}: {r.identical}/{r.compared} ticks identical, {first} ({r.seconds:.0f}s)"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""Step-for-step differential test: our scheduler + KV cache vs vLLM 0.19.1's own.
+
+Skips when vLLM 0.19.1 is not importable (the default CI environment does not install it;
+``bash scripts/install_fidelity.sh`` builds a venv that has it). The fast subset runs by
+default; ``-m slow`` runs every case of the report. The comparator itself is tested without
+vLLM: two sides that differ in one decision must be reported as diverging at that step.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.fidelity.cases import (  # noqa: E402
+    Case,
+    data_dir,
+    fast_cases,
+    full_cases,
+)
+from benchmarks.fidelity.diff import run_case  # noqa: E402
+from benchmarks.fidelity.sides import (  # noqa: E402
+    OursSide,
+    SchedConfig,
+    SchedRecord,
+    vllm_available,
+)
+from engine.request import synthetic_output_ids  # noqa: E402
+from engine.workload import RequestSpec  # noqa: E402
+
+VLLM_OK, VLLM_WHY = vllm_available()
+needs_vllm = pytest.mark.skipif(
+    not VLLM_OK, reason=f"{VLLM_WHY}; install with `bash scripts/install_fidelity.sh`"
+)
+needs_data = pytest.mark.skipif(
+    not (data_dir() / "llmservingsim" / "workloads").is_dir(),
+    reason=f"shared workloads not found under {data_dir()} (set SERVESWEEP_DATA)",
+)
+
+
+def _specs(n: int, prompt: int, out: int, gap_ns: int = 10_000_000) -> list[RequestSpec]:
+    """n requests sharing a 32-token prefix, one every ``gap_ns``."""
+    shared = tuple(range(1000, 1032))
+    return [
+        RequestSpec(
+            f"r{i}",
+            i * gap_ns,
+            shared + tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + prompt - 32)),
+            out,
+            synthetic_output_ids(i, out),
+        )
+        for i in range(n)
+    ]
+
+
+class _Skewed(OursSide):
+    """Our side with one deliberate bug: from its 3rd schedule on it reports one token more
+    for the first scheduled request (a stand-in for a divergent decision)."""
+
+    name = "skewed"
+
+    def __init__(self, cfg: SchedConfig) -> None:
+        super().__init__(cfg)
+        self.calls = 0
+
+    def schedule(self):  # type: ignore[override]
+        step, rec = super().schedule()
+        self.calls += 1
+        if self.calls >= 3 and rec.scheduled:
+            (rid, n, before), *rest = rec.scheduled
+            rec = replace(rec, scheduled=((rid, n + 1, before), *rest))
+        return step, rec
+
+
+def test_identical_sides_compare_equal_on_every_tick():
+    cfg = SchedConfig(num_blocks=40, max_num_batched_tokens=64, max_num_seqs=8)
+    res = run_case("self", cfg, _specs(6, 100, 80), OursSide, OursSide, free_queue_every=1)
+    assert res.divergence is None
+    assert res.compared > 20 and res.compared == res.identical
+    assert res.totals["preemptions"][0] > 0  # 39 usable blocks are too few: real pressure
+    assert res.totals["requests finished"] == (6, 6)
+
+
+def test_a_divergent_decision_is_reported_at_its_tick():
+    cfg = SchedConfig(num_blocks=200, max_num_batched_tokens=64)
+    res = run_case("skew", cfg, _specs(3, 100, 5), OursSide, _Skewed)
+    assert res.divergence is not None
+    assert res.divergence.fields == ["sched.scheduled"]
+    assert res.identical == 2 and res.compared > res.identical
+    (_, n_ours, _), *_ = res.divergence.ours["sched.scheduled"]
+    (_, n_skew, _), *_ = res.divergence.vllm["sched.scheduled"]
+    assert n_skew == n_ours + 1
+
+
+def test_async_driver_lags_outputs_by_one_step():
+    """Depth 2: the first step's output is applied only after the second is scheduled."""
+    spec = _specs(1, 40, 3)
+    sync = run_case("s", SchedConfig(num_blocks=20), spec, OursSide, OursSide)
+    asyn = run_case(
+        "a", SchedConfig(num_blocks=20, async_scheduling=True), spec, OursSide, OursSide
+    )
+    assert sync.totals["mean TTFT (ticks)"] == (0.0, 0.0)
+    assert asyn.totals["mean TTFT (ticks)"] == (1.0, 1.0)
+
+
+def test_sched_record_empty():
+    rec = SchedRecord((), (), (), (), (), 10, 0.0)
+    assert rec.empty
+    assert not replace(rec, preempted=("x",)).empty
+
+
+def _check(case: Case) -> None:
+    res = run_case(
+        case.name,
+        case.cfg,
+        case.specs(),
+        OursSide,
+        _vllm_side(),
+        step_ns=case.step_ns,
+        free_queue_every=case.free_queue_every,
+    )
+    msg = ""
+    if res.divergence is not None:
+        d = res.divergence
+        msg = (
+            f"first divergence at tick {d.tick} in {d.fields}: ours {d.ours} vs vLLM {d.vllm}\n"
+            f"ours: {d.state_ours}\nvLLM: {d.state_vllm}"
+        )
+    assert res.compared > 0
+    assert res.all_identical, msg or res.notes
+    assert res.notes == [], res.notes
+    for key, (a, b) in res.totals.items():
+        assert a == b, f"{key}: ours {a} vs vLLM {b}"
+
+
+def _vllm_side():
+    from benchmarks.fidelity.sides import VllmSide
+
+    return VllmSide
+
+
+@needs_vllm
+@needs_data
+@pytest.mark.parametrize("case", fast_cases(), ids=lambda c: c.name)
+def test_fast_case_identical_to_vllm(case: Case) -> None:
+    _check(case)
+
+
+@needs_vllm
+@needs_data
+@pytest.mark.slow
+@pytest.mark.parametrize("case", full_cases(), ids=lambda c: c.name)
+def test_full_case_identical_to_vllm(case: Case) -> None:
+    _check(case)

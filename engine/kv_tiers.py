@@ -83,6 +83,7 @@ class KVTierPool:
 
     __slots__ = (
         "name",
+        "pool_id",
         "tier",
         "chunk_tokens",
         "kv_bytes_per_token",
@@ -110,8 +111,10 @@ class KVTierPool:
         chunk_tokens: int,
         kv_bytes_per_token: int,
         policy: str = "lru",
+        pool_id: str | None = None,
     ) -> None:
         self.name = name
+        self.pool_id = pool_id or name
         self.tier = tier
         self.chunk_tokens = _positive_int(
             chunk_tokens, f"kv tier {name}: chunk_tokens", "use chunk_tokens_for(block_size)"
@@ -216,6 +219,7 @@ class KVTierPool:
         """Pool-wide counters (summed over every instance sharing it) and occupancy."""
         return {
             "tier": self.name,
+            "pool_id": self.pool_id,
             "policy": self.policy,
             "chunk_tokens": self.chunk_tokens,
             "capacity_chunks": self.num_chunks,
@@ -252,7 +256,8 @@ class KVTierPool:
 
 class SharedTierPools:
     """Pools shared by scope: e.g. ``("cpu", node_id)`` for a node's DRAM, ``("cxl", 0)`` for the
-    cluster's CXL pool. The first request for a scope creates its pool; later ones must agree."""
+    cluster's CXL pool. The first request for a scope creates its pool (named ``scope[0]``, with
+    ``pool_id`` ``"kind:index"``); later ones must agree on its geometry and size."""
 
     def __init__(self) -> None:
         self.pools: dict[tuple[str, int], KVTierPool] = {}
@@ -269,14 +274,14 @@ class SharedTierPools:
     ) -> KVTierPool:
         pool = self.pools.get(scope)
         if pool is None:
-            name = scope[0] if scope[1] == 0 else f"{scope[0]}{scope[1]}"
             pool = KVTierPool(
-                name,
+                scope[0],
                 tier,
                 capacity_bytes=capacity_bytes,
                 chunk_tokens=chunk_tokens,
                 kv_bytes_per_token=kv_bytes_per_token,
                 policy=policy,
+                pool_id=f"{scope[0]}:{scope[1]}",
             )
             self.pools[scope] = pool
             return pool
@@ -300,6 +305,10 @@ class SharedTierPools:
                     "KV dtype, block size and tier size"
                 )
         return pool
+
+    def stats(self) -> dict[str, dict[str, float | int | str]]:
+        """Pool-wide stats of every shared pool, by ``pool_id``."""
+        return {p.pool_id: p.stats() for p in self.pools.values()}
 
 
 class LowerTiers:

@@ -169,7 +169,10 @@ def test_shared_pools_by_scope_must_agree() -> None:
     b = reg.get(("cpu", 0), CPU, capacity_bytes=8 * 256 * BPT, chunk_tokens=256, kv_bytes_per_token=BPT)
     c = reg.get(("cpu", 1), CPU, capacity_bytes=8 * 256 * BPT, chunk_tokens=256, kv_bytes_per_token=BPT)
     assert a is b and a is not c
-    assert (a.name, c.name) == ("cpu", "cpu1")
+    assert (a.name, c.name) == ("cpu", "cpu")
+    assert sorted(reg.stats()) == ["cpu:0", "cpu:1"]
+    a.store(7)
+    assert reg.stats()["cpu:0"]["used_chunks"] == 1 and reg.stats()["cpu:1"]["used_chunks"] == 0
     with pytest.raises(ConfigError, match="kv_bytes_per_token"):
         reg.get(("cpu", 0), CPU, capacity_bytes=8 * 256 * BPT, chunk_tokens=256, kv_bytes_per_token=2)
 
@@ -345,3 +348,17 @@ def test_tiers_off_manager_reports_npu_only() -> None:
     assert list(kv.tier_stats()) == ["npu"]
     assert kv.take_recall_ns() == 0
     assert kv.get_external_computed_tokens(_req(0, toks(0, 600)), 0) == 0
+
+
+def test_block_sized_chunks_load_the_block_the_npu_cap_excluded() -> None:
+    """vLLM §11.22 with offloaded block = NPU block: a full-prompt hit loads the last block the
+    NPU's ``num_tokens - 1`` cap left out, then recomputes one token."""
+    cpu = pool(64, chunk_tokens=16)
+    h = TierHarness(100, [cpu])
+    h.add("a", toks(0, 512), 1)
+    h.drain()
+    c = h.add("c", toks(0, 512), 1)
+    step = h.run_step()
+    assert step.num_tokens == [1] and c.prefix_hit_tokens == 511
+    assert h.kv.tier_stats()["cpu"]["hit_tokens"] == 15  # 496 from the NPU, 15 from the tier
+    assert step.extra_ns == CPU.access_ns(16 * BPT)

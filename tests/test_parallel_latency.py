@@ -1,0 +1,273 @@
+"""profiles.parallel: layout rules, DP padding, composition of compute and communication."""
+
+from __future__ import annotations
+
+import pytest
+
+from astra_bridge import NetworkModel
+from engine.batch import BatchShape
+from engine.specs import ConfigError, ModelSpec
+from profiles.architecture import load_architecture
+from profiles.parallel import (
+    ParallelLatencyModel,
+    ParallelLayout,
+    build_network,
+    dummy_batch,
+    pad_dp_group,
+)
+
+DENSE = ModelSpec(name="dense", model_type="qwen3", num_layers=8, hidden_size=512,
+                  num_attention_heads=8, num_kv_heads=2, head_dim=64, intermediate_size=1024,
+                  vocab_size=1000, max_position_embeddings=4096)
+MOE = ModelSpec(name="moe", model_type="qwen3_moe", num_layers=6, hidden_size=256,
+                num_attention_heads=8, num_kv_heads=2, head_dim=32, intermediate_size=512,
+                vocab_size=1000, max_position_embeddings=4096, num_experts=16,
+                num_experts_per_tok=4, moe_intermediate_size=128)
+
+
+class FakeCompute:
+    """Per-rank compute with a per-row breakdown: every block row costs ``row`` ns per token,
+    attention 10 ns per decode + 1 ns per prefill token, MoE 50 ns per token, lm_head 100 ns per
+    sequence."""
+
+    def __init__(self, model: ModelSpec, row: int = 3) -> None:
+        self.model = model
+        self.arch = load_architecture(model.model_type)
+        self.row = row
+        self.calls = 0
+
+    def breakdown(self, s: BatchShape) -> dict[str, int]:
+        L, T = self.model.num_layers, max(s.total_tokens, 1)
+        out: dict[str, int] = {}
+        for name in self.arch.block:
+            if name == "attention":
+                out[name] = L * (10 * s.num_decode + s.prefill_tokens + 1)
+            elif name == "moe":
+                out[name] = L * 50 * T
+            else:
+                out[name] = out.get(name, 0) + L * self.row * T
+        out["embedding"] = 7 * T
+        out["final_layernorm"] = 5 * T
+        out["lm_head"] = 100 * max(s.num_seqs, 1)
+        out["sampler"] = 9
+        return out
+
+    def iteration_ns(self, s: BatchShape) -> int:
+        self.calls += 1
+        return sum(self.breakdown(s).values())
+
+
+def net(layout: ParallelLayout) -> NetworkModel:
+    return build_network(layout, 16, 20000, 1597)
+
+
+def parallel(model: ModelSpec, layout: ParallelLayout, **kw) -> ParallelLatencyModel:
+    return ParallelLatencyModel(FakeCompute(model), model, layout, net(layout), **kw)
+
+
+def decode(n: int, kv: int = 100) -> BatchShape:
+    return BatchShape(n, n, 0, 0, n, n * kv, kv, kv)
+
+
+# ------------------------------------------------------------------------------------ layout
+
+
+def test_stage_split_follows_vllm() -> None:
+    assert ParallelLayout(pp=3).stage_layers(32) == (11, 11, 10)
+    assert ParallelLayout(pp=4).stage_layers(64) == (16, 16, 16, 16)
+    assert ParallelLayout(pp=4).stage_layers(10) == (2, 3, 3, 2)
+    assert ParallelLayout().stage_layers(7) == (7,)
+
+
+@pytest.mark.parametrize(
+    ("layout", "dims", "tp_flags", "ep_flags"),
+    [
+        (ParallelLayout(tp=2), (2,), (True,), (True,)),
+        (ParallelLayout(pp=4), (4,), (True,), (True,)),
+        (ParallelLayout(tp=2, pp=2), (2, 2), (True, False), (True, False)),
+        (ParallelLayout(tp=1, ep=2, dp=2), (1, 2), (True, False), (False, True)),
+        (ParallelLayout(tp=2, ep=2, dp=2), (2, 2), (True, False), (True, False)),
+        (ParallelLayout(tp=2, ep=4, dp=2), (2, 2), (True, False), (True, True)),
+        (ParallelLayout(tp=2, pp=2, ep=4, dp=2), (2, 2, 2), (True, False, False),
+         (True, False, True)),
+        (ParallelLayout(tp=1, pp=2, ep=2, dp=2), (1, 2, 2), (True, False, False),
+         (False, False, True)),
+    ],
+)
+def test_topology_and_collective_scopes_as_reference(layout, dims, tp_flags, ep_flags) -> None:
+    assert layout.dim_sizes() == dims
+    assert layout.tp_flags() == tp_flags
+    assert layout.ep_flags() == ep_flags
+
+
+@pytest.mark.parametrize(
+    ("model", "layout", "field"),
+    [
+        (DENSE, ParallelLayout(ep=2), "ep = 2"),
+        (DENSE, ParallelLayout(pp=9), "pp = 9"),
+        (MOE, ParallelLayout(tp=2, ep=3), "ep = 3"),
+        (MOE, ParallelLayout(tp=1, ep=4, dp=2), "ep = 4"),
+    ],
+)
+def test_bad_layout_is_config_error_naming_field(model, layout, field) -> None:
+    with pytest.raises(ConfigError, match=field):
+        layout.check(model)
+
+
+def test_bad_degree_and_mismatched_network_rejected() -> None:
+    with pytest.raises(ConfigError, match="tp"):
+        ParallelLayout(tp=0)
+    with pytest.raises(ConfigError, match="network"):
+        ParallelLatencyModel(FakeCompute(DENSE), DENSE, ParallelLayout(tp=2),
+                             net(ParallelLayout(tp=4)))
+    with pytest.raises(ConfigError, match="link_bw"):
+        build_network(ParallelLayout(tp=2), [], 1, 1)
+
+
+# ------------------------------------------------------------------------------------ DP padding
+
+
+def test_pad_dp_group_pads_dense_rows_not_attention() -> None:
+    a = BatchShape(40, 3, 38, 5, 2, 300, 100, 200)
+    b = decode(4)
+    pa, pb, pc = pad_dp_group([a, b, None])
+    assert pa == a
+    assert pb == b._replace(total_tokens=40, num_seqs=40)
+    assert (pb.num_decode, pb.decode_kv_sum) == (4, 400)  # attention sees the real decodes only
+    assert pc == dummy_batch()._replace(total_tokens=40, num_seqs=40)
+    assert dummy_batch() == BatchShape(1, 1, 0, 0, 1, 1, 1, 1)
+
+
+def test_pad_dp_group_idle_and_empty() -> None:
+    assert pad_dp_group([None, None]) == []
+    assert pad_dp_group([None, decode(1)]) == [dummy_batch(), decode(1)]
+    with pytest.raises(ConfigError, match="pad_dp_group"):
+        pad_dp_group([])
+
+
+# ------------------------------------------------------------------------------------ composition
+
+
+def test_tp1_is_compute_plus_host_io_only() -> None:
+    m = parallel(DENSE, ParallelLayout())
+    s = decode(100)
+    io = 2 * (100 * 2 * 2 // 256)
+    assert m.iteration_ns(s) == m.compute.iteration_ns(s) + io
+    assert m.stage_ns(s) == m.iteration_ns(s)
+    assert m.block_comm_ns(100) == 0
+
+
+def test_tp2_dense_two_allreduces_per_block_of_full_output() -> None:
+    layout = ParallelLayout(tp=2)
+    m = parallel(DENSE, layout)
+    s = decode(64)
+    ar = net(layout).collective_ns("all-reduce", 64 * DENSE.hidden_size * 2, 2)
+    assert m.tp_allreduce_ns(64) == ar
+    io = 3 * (64 * 4 // 256)  # three host passes with two loading ranks
+    assert m.iteration_ns(s) == m.compute.iteration_ns(s) + DENSE.num_layers * 2 * ar + io
+    bd = m.breakdown(s)
+    assert sum(bd.values()) == m.iteration_ns(s)
+    assert bd["tp_allreduce"] == DENSE.num_layers * 2 * ar
+
+
+def test_moe_one_allreduce_plus_ep_collectives() -> None:
+    layout = ParallelLayout(tp=2, ep=2)
+    m = parallel(MOE, layout)
+    n = net(layout)
+    T = 10
+    ar = n.collective_ns("all-reduce", T * 256 * 2, 2)
+    ag = n.collective_ns("all-gather", (T // 2) * (256 + 16) * 2, 2)
+    rs = n.collective_ns("reduce-scatter", T * 256 * 2, 2)
+    assert m.block_comm_ns(T) == ar + ag + rs
+    # all-gather of at least one token
+    assert m.ep_collectives_ns(1) == (n.collective_ns("all-gather", (256 + 16) * 2, 2)
+                                      + n.collective_ns("reduce-scatter", 256 * 2, 2))
+
+
+def test_pipeline_stages_sum_to_iteration_and_busiest_stage() -> None:
+    layout = ParallelLayout(tp=2, pp=3)
+    m = parallel(DENSE, layout)
+    s = BatchShape(300, 5, 296, 0, 4, 400, 100, 100)
+    st = m.stage_times(s)
+    assert len(st) == 3
+    assert sum(st) == m.iteration_ns(s)
+    assert m.stage_ns(s) == max(st)
+    send = net(layout).p2p_ns(300 * DENSE.hidden_size * 2, 0, 2)
+    assert m.pp_send_ns(300) == send
+    flat = parallel(DENSE, ParallelLayout(tp=2))
+    assert m.iteration_ns(s) == flat.iteration_ns(s) + 2 * send
+    # stage 0: 3 blocks + embedding + host I/O + send; last: 2 blocks + head
+    bd = m.compute.breakdown(s)
+    block = (m.compute.iteration_ns(s) - bd["embedding"] - bd["final_layernorm"]
+             - bd["lm_head"] - bd["sampler"]) // DENSE.num_layers + 2 * m.tp_allreduce_ns(300)
+    assert st[2] == 2 * block + bd["final_layernorm"] + bd["lm_head"] + bd["sampler"]
+    assert st[0] == 3 * block + bd["embedding"] + m.host_io_ns(300) + send
+
+
+def test_memoised_on_shape() -> None:
+    m = parallel(DENSE, ParallelLayout(tp=2))
+    s = decode(7)
+    first = m.iteration_ns(s)
+    calls = m.compute.calls
+    assert m.iteration_ns(s) == first and m.compute.calls == calls
+    assert m.cache_info() == 1
+    m.clear_cache()
+    assert m.cache_info() == 0
+
+
+# ------------------------------------------------------------------------------------ DP groups
+
+
+def test_dp_members_independent_without_cross_instance_ep() -> None:
+    m = parallel(DENSE, ParallelLayout(tp=2, dp=2))
+    shapes = pad_dp_group([decode(5), None])
+    assert m.dp_member_ns(shapes) == [m.iteration_ns(s) for s in shapes]
+    assert m.dp_group_ns(shapes) == max(m.iteration_ns(s) for s in shapes)
+
+
+def test_dp_ep_group_synchronises_each_moe_block() -> None:
+    layout = ParallelLayout(tp=1, ep=2, dp=2)
+    m = parallel(MOE, layout)
+    prefill = BatchShape(40, 1, 40, 0, 0, 0, 0, 0)  # attention 41 ns/layer, lm_head x1
+    padded = decode(1)._replace(total_tokens=40, num_seqs=40)  # attention 11 ns/layer, x40
+    a, b = m.dp_member_ns([prefill, padded])
+    L = MOE.num_layers
+    # the prefill's attention paces every block of both members; each runs its own head
+    assert a == m.iteration_ns(prefill)
+    assert b == m.iteration_ns(padded) + L * (41 - 11)
+    assert m.dp_group_ns([prefill, padded]) == max(a, b) == b
+    with pytest.raises(ConfigError, match="pad"):
+        m.dp_member_ns([prefill, decode(1)])
+
+
+# ------------------------------------------------------------------------------------ P/D
+
+
+def _pd_model(kv_dtype: str = "auto", tp: int = 1) -> ParallelLatencyModel:
+    layout = ParallelLayout(tp=tp)
+    pd_net = NetworkModel.from_params(tp, 2, intra_bandwidth_gbps=16, intra_latency_ns=20000,
+                                      local_mem_bw_gbps=1597, inter_bandwidth_gbps=16,
+                                      inter_latency_ns=20000, inter_kind="FullyConnected")
+    return ParallelLatencyModel(FakeCompute(DENSE), DENSE, layout, net(layout),
+                                kv_cache_dtype=kv_dtype, pd_network=pd_net, pd_peer=tp)
+
+
+def test_kv_transfer_bytes_dtype_and_tp_aware() -> None:
+    m = _pd_model()
+    assert m.kv_bytes_per_layer(10) == 2 * 2 * 64 * 10 * 2
+    assert _pd_model("fp8").kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
+    assert _pd_model(tp=2).kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
+    assert m.kv_transfer_ns(10) == m.pd_network.p2p_ns(5120, 0, 1) == 20000 + int(5120 / 17.179869184)
+    assert m.kv_transfer_ns(0) == 0
+    with pytest.raises(ConfigError, match="pd_network"):
+        parallel(DENSE, ParallelLayout()).kv_transfer_ns(10)
+
+
+def test_pd_prefill_extra_output_send_or_exposed_kv() -> None:
+    m = _pd_model()
+    s = BatchShape(10, 1, 10, 0, 0, 0, 0, 0)
+    # the KV message is hidden by the rest of the step; the 40-byte output send is not
+    assert m.pd_prefill_extra_ns(s) == m.pd_network.p2p_ns(40, 0, 1) == 20002
+    huge = 1_000_000
+    tail = m._tail_after_qkv(s)
+    assert m.pd_prefill_extra_ns(s, send_tokens=huge) == m.kv_transfer_ns(huge) - tail

@@ -134,14 +134,12 @@ class Scheduler:
                 if len(running) >= self.max_num_seqs:
                     break
                 req = waiting[0]
-                ext = 0
                 looked_up = req.num_computed_tokens == 0
                 if looked_up:
                     hit_blocks, computed = kv.get_computed_blocks(req)
                     if tiered:
                         # Continue below the NPU (connector-style external hit tokens).
-                        ext = kv.get_external_computed_tokens(req, computed)
-                        computed += ext
+                        computed += kv.get_external_computed_tokens(req, computed)
                 else:
                     hit_blocks, computed = [], req.num_computed_tokens
                 n = req.num_tokens - computed

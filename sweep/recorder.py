@@ -84,6 +84,8 @@ class SweepRecorder:
         assert isinstance(tracking, dict)
         self.tracking = tracking
         self.groundtruth = config.groundtruth.dir
+        self.slo = config.slo
+        self.groundtruth_metrics: dict[str, float] | None = None
         self.sweep_overrides = (
             list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
         )
@@ -94,6 +96,10 @@ class SweepRecorder:
     def start(self) -> None:
         """Open the MLflow store and, for a sweep, the parent run (before any job runs)."""
         if not self.tracking.get("uri"):
+            if self.groundtruth:
+                from sweep.groundtruth import groundtruth_metrics
+
+                self.groundtruth_metrics = groundtruth_metrics(self.groundtruth, self.slo)[1]
             return
         from sweep.tracking import Tracker
 
@@ -161,6 +167,8 @@ class SweepRecorder:
             "mlflow_uri": self.tracking.get("uri"),
             "mlflow_experiment": self.tracking.get("experiment"),
             "parent_run_id": self.parent_id,
+            "groundtruth_dir": self.groundtruth,
+            "groundtruth_metrics": self.groundtruth_metrics,
         }
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         path = write_results_table(self.rows, self.sweep_dir / RESULTS_FILE, meta)
@@ -246,7 +254,9 @@ class SweepRecorder:
     def _log_groundtruth(self) -> None:
         from sweep.groundtruth import log_groundtruth_run
 
-        log_groundtruth_run(self.tracker, self.groundtruth, self.parent_id)
+        _, self.groundtruth_metrics = log_groundtruth_run(
+            self.tracker, self.groundtruth, self.slo, self.parent_id
+        )
 
 
 def _error_text(value: Any) -> str:

@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", 50,
                            "display.float_format", "{:.4g}".format):
         print(summary_frame(table, args.metrics).to_string(index=False))
+    truth = meta.get("groundtruth_metrics")
+    if truth:
+        shown = args.metrics or [m for m in KEY_METRICS if m in truth]
+        print(f"vLLM ground truth ({meta.get('groundtruth_dir')}):")
+        print("  " + "  ".join(f"{m}={truth[m]:.4g}" for m in shown if m in truth))
     for _, row in table[table["status"] != "finished"].iterrows():
         first = str(row.get("error") or "").strip().splitlines()[-1:] or ["?"]
         print(f"job {row['job']} failed: {first[0]}")

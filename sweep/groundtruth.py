@@ -1,0 +1,56 @@
+"""Log a real vLLM run (a ground-truth directory) as an MLflow run beside the simulated ones.
+
+The run carries the same metric names as a simulated point (``analysis.metrics`` on the
+vLLM per-request records, goodput under the study's SLOs) and the same ``ts/*`` step
+metrics, so the MLflow UI can chart simulation and vLLM side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from analysis.groundtruth import engine_settings, load_groundtruth
+from sweep.job import goodput
+from sweep.validate import resolve_path
+
+# vLLM time-series columns -> the simulator's names.
+SERIES = {
+    "running": "running",
+    "waiting": "waiting",
+    "kv_cache_pct": "kv_usage_pct",
+    "prompt_throughput": "prompt_throughput",
+    "gen_throughput": "gen_throughput",
+}
+
+
+def groundtruth_metrics(gt_dir: str, slo: DictConfig) -> tuple[Any, dict[str, float]]:
+    """The loaded ground truth and its metrics (analysis metrics + goodput)."""
+    gt = load_groundtruth(resolve_path(gt_dir))
+    metrics = {k: float(v) for k, v in gt.metrics().items()}
+    metrics.update(goodput(gt.requests, slo, metrics["duration_s"]))
+    return gt, metrics
+
+
+def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: str | None
+                        ) -> tuple[str, dict[str, float]]:
+    """Create the ``vllm-groundtruth`` run; return its id and metrics."""
+    gt, metrics = groundtruth_metrics(gt_dir, slo)
+    run_id = tracker.create_run(
+        "vllm-groundtruth",
+        tags={"source": "vllm", "groundtruth_dir": str(gt.path)},
+        parent_id=parent_id,
+    )
+    params = {f"vllm.{k}": v for k, v in engine_settings(gt).items()}
+    params["groundtruth.dir"] = str(gt.path)
+    tracker.log_params(run_id, params)
+    tracker.log_metrics(run_id, metrics)
+    ts = gt.timeseries
+    steps = [int(round(t)) for t in ts["t"]]
+    if len(set(steps)) == len(steps):
+        series = {ours: ts[theirs].tolist() for theirs, ours in SERIES.items() if theirs in ts}
+        tracker.log_series(run_id, series, steps)
+    tracker.log_artifact(run_id, gt.path / "vllm" / "meta.json")
+    tracker.finish(run_id, "FINISHED")
+    return run_id, metrics

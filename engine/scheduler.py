@@ -50,8 +50,10 @@ class Scheduler:
         long_prefill_token_threshold: int = 0,
         reserve_full_isl: bool = True,
         async_scheduling: bool = False,
+        enable_chunked_prefill: bool = True,
     ) -> None:
         self.kv = kv
+        self.chunked_prefill = enable_chunked_prefill
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -146,6 +148,8 @@ class Scheduler:
                 if 0 < thr < n:
                     n = thr
                 if n > budget:
+                    if not self.chunked_prefill:
+                        break  # vLLM: without chunked prefill the whole prompt must fit
                     n = budget
                 if self.reserve_full_isl and not kv.can_fit_full_sequence(req, hit_blocks):
                     break

@@ -85,6 +85,7 @@ def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
         long_prefill_token_threshold=config.long_prefill_token_threshold,
         reserve_full_isl=config.reserve_full_isl,
         async_scheduling=config.async_scheduling,
+        enable_chunked_prefill=config.enable_chunked_prefill,
     )
     return Member(spec.name, sched, spec.latency, spec.role), cap, max_model_len
 

@@ -68,6 +68,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     reserve_full_isl: bool = True  # vLLM `scheduler_reserve_full_isl`
     long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
     max_model_len: int | None = None  # None: model's max_position_embeddings
     kv_cache_dtype: str = "auto"  # "auto" (= model dtype) or "fp8"
     tensor_parallel_size: int = 1

@@ -132,3 +132,13 @@ def test_async_scheduling_skips_certainly_finished_step() -> None:
     r = h.requests["r"]
     assert r.is_finished and r.num_output_tokens == 3
     h.check()
+
+
+def test_chunked_prefill_off_requires_whole_prompt_in_budget() -> None:
+    # vLLM §12.5: budget 64, c1 = 50, c2 = 30 tokens, chunked prefill off.
+    h = Harness(100, budget=64, max_model_len=64)
+    h.sched.chunked_prefill = False
+    h.add("c1", toks(0, 50), 3)
+    h.add("c2", toks(500, 30), 3)
+    assert h.step()[0] == {"c1": 50}
+    assert h.step()[0] == {"c1": 1, "c2": 30}

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 import analysis.validate as V  # noqa: E402
-from analysis.groundtruth import ClusterSpec, InstanceSpec, load_cluster_config  # noqa: E402
+from analysis.groundtruth import load_cluster_config  # noqa: E402
 from engine import simulate  # noqa: E402
 from engine.batch import BatchShape  # noqa: E402
 from engine.specs import EngineConfig, ModelSpec  # noqa: E402
@@ -50,6 +50,7 @@ from profiles.parallel import (  # noqa: E402
     ParallelLayout,
     build_network,
     latency_for_instance,
+    layout_for_instance,
     pad_dp_group,
 )
 from workloads import read_jsonl  # noqa: E402
@@ -85,24 +86,6 @@ def model_spec(data: Path, name: str) -> ModelSpec:
     return model_from_hf_config(lss(data) / "configs" / "model" / f"{name}.json", name=name)
 
 
-def instance_layout(inst: InstanceSpec, cluster: ClusterSpec, model: ModelSpec) -> ParallelLayout:
-    """The reference's parallelism inference (serving core §3.2) for one instance."""
-    pp = inst.pp_size or 1
-    if inst.num_npus and inst.tp_size:
-        tp = inst.tp_size
-        if inst.num_npus != tp * pp:
-            pp = inst.num_npus // tp
-    elif inst.num_npus:
-        tp = inst.num_npus // pp
-    else:
-        tp = inst.tp_size or 1
-    ep = inst.ep_size or (tp if model.is_moe else 1)
-    dp = 1
-    if inst.dp_group is not None:
-        dp = sum(1 for i in cluster.instances if i.dp_group == inst.dp_group)
-    return ParallelLayout(tp=tp, pp=pp, ep=ep if model.is_moe else 1, dp=dp)
-
-
 @dataclass(frozen=True)
 class ScenarioRow:
     key: str
@@ -126,7 +109,7 @@ def scenario_rows(data: Path) -> list[ScenarioRow]:
         cluster = load_cluster_config(lss(data) / "configs" / "cluster" / f"{cfg}.json")
         inst = cluster.instances[0]
         spec = model_spec(data, inst.model_name)
-        lay = instance_layout(inst, cluster, spec)
+        lay = layout_for_instance(inst, cluster.instances, spec)
         m = latency_for_instance(
             lss(data) / "profiles", spec, tp=lay.tp, pp=lay.pp, ep=lay.ep, dp=lay.dp,
             link_bw_gbs=cluster.link_bw, link_latency_ns=cluster.link_latency,

@@ -142,6 +142,43 @@ class ParallelLayout:
         return self.dp > 1 and self.ep > self.tp
 
 
+def layout_for_instance(inst: Any, instances: Sequence[Any], model: ModelSpec) -> ParallelLayout:
+    """The reference's parallelism inference (serving core §3.2) for one instance.
+
+    ``inst`` has the reference cluster JSON's optional ``num_npus``, ``tp_size``, ``pp_size``,
+    ``ep_size`` and ``dp_group`` fields (e.g. :class:`analysis.groundtruth.InstanceSpec`);
+    ``instances`` are all instances of the cluster (for the DP group size). Returns the layout
+    with ``ep`` the group-wide EP degree (default: tp for MoE, 1 for dense) and ``dp`` the
+    number of instances sharing ``dp_group``; raises :class:`ConfigError` on inconsistencies.
+    """
+    n, t, p = inst.num_npus, inst.tp_size, inst.pp_size
+    pp = p or 1
+    if n and t:
+        if n != t * pp:
+            if n % t:
+                raise ConfigError(f"num_npus = {n}: not a multiple of tp_size = {t}")
+            if p not in (None, 1, n // t):
+                raise ConfigError(f"pp_size = {p}: num_npus / tp_size = {n // t}; make them agree")
+            pp = n // t
+        tp = t
+    elif n:
+        if n % pp:
+            raise ConfigError(f"num_npus = {n}: not a multiple of pp_size = {pp}")
+        tp = n // pp
+    else:
+        tp = t or 1
+    ep = inst.ep_size or (tp if model.is_moe else 1)
+    dp = 1
+    if inst.dp_group is not None:
+        dp = sum(1 for i in instances if i.dp_group == inst.dp_group)
+    elif ep > tp:
+        raise ConfigError(f"ep_size = {ep}: exceeds tp_size = {tp} without a dp_group; "
+                          "lower ep_size or put the instance in a DP group")
+    layout = ParallelLayout(tp=tp, pp=pp, ep=ep, dp=dp)
+    layout.check(model)
+    return layout
+
+
 def build_network(
     layout: ParallelLayout,
     link_bw_gbs: float | Sequence[float],
@@ -231,6 +268,12 @@ class ParallelLatencyModel:
             )
         if host_mem_bw_gbs is not None and not host_mem_bw_gbs > 0:
             raise ConfigError(f"host_mem_bw_gbs = {host_mem_bw_gbs}: must be > 0 (or None)")
+        probe = getattr(compute, "host_io_ns", None)
+        if callable(probe) and probe(BatchShape(1 << 16, 1, 1 << 16, 0, 0, 0, 0, 0)) > 0:
+            raise ConfigError(
+                "compute: the per-rank model already charges host I/O; build it with "
+                "host_mem_bw_gbs=None (this model prices host I/O for all loading ranks)"
+            )
         self.compute = compute
         self.model = model
         self.layout = layout

@@ -271,3 +271,36 @@ def test_pd_prefill_extra_output_send_or_exposed_kv() -> None:
     huge = 1_000_000
     tail = m._tail_after_qkv(s)
     assert m.pd_prefill_extra_ns(s, send_tokens=huge) == m.kv_transfer_ns(huge) - tail
+
+
+# ------------------------------------------------------------------------------------ inference
+
+
+def _inst(num_npus=None, tp_size=None, pp_size=None, ep_size=None, dp_group=None):
+    from types import SimpleNamespace
+    return SimpleNamespace(num_npus=num_npus, tp_size=tp_size, pp_size=pp_size, ep_size=ep_size,
+                           dp_group=dp_group)
+
+
+def test_layout_for_instance_reference_inference() -> None:
+    from profiles.parallel import layout_for_instance
+    assert layout_for_instance(_inst(), [], DENSE) == ParallelLayout()
+    assert layout_for_instance(_inst(num_npus=4, tp_size=2), [], DENSE) == ParallelLayout(tp=2, pp=2)
+    assert layout_for_instance(_inst(num_npus=4, pp_size=4), [], DENSE) == ParallelLayout(pp=4)
+    assert layout_for_instance(_inst(tp_size=2), [], MOE) == ParallelLayout(tp=2, ep=2)
+    group = [_inst(num_npus=1, ep_size=2, dp_group="A"), _inst(num_npus=1, ep_size=2, dp_group="A")]
+    assert layout_for_instance(group[0], group, MOE) == ParallelLayout(ep=2, dp=2)
+    with pytest.raises(ConfigError, match="pp_size"):
+        layout_for_instance(_inst(num_npus=4, tp_size=2, pp_size=4), [], DENSE)
+    with pytest.raises(ConfigError, match="ep_size"):
+        layout_for_instance(_inst(tp_size=1, ep_size=2), [], MOE)
+
+
+def test_compute_model_with_host_io_rejected() -> None:
+    class WithIO(FakeCompute):
+        def host_io_ns(self, shape: BatchShape) -> int:
+            return shape.total_tokens
+
+    layout = ParallelLayout(tp=2)
+    with pytest.raises(ConfigError, match="host_mem_bw_gbs=None"):
+        ParallelLatencyModel(WithIO(DENSE), DENSE, layout, net(layout))

@@ -101,7 +101,6 @@ def run_validation(
     config = build_config(gt, settings, base or EngineConfig())
     variant = variant_name(settings["dtype"], settings["kv_cache_dtype"])
     bundle = load_bundle(profiles, hardware.name, model.name, variant)
-    inst = gt.cluster.instances[0]
     latency = latency_for_instance(
         bundle, model, tp=config.tensor_parallel_size,
         link_bw_gbs=gt.cluster.link_bw, link_latency_ns=gt.cluster.link_latency,

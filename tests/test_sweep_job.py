@@ -1,0 +1,135 @@
+"""One grid point without Ray: the job glue, goodput, the recorder and a single CLI run."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.utils import JobReturn, JobStatus
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from sweep import job
+from sweep.recorder import RESULTS_FILE, SweepRecorder, read_results_table
+from sweep.schema import register
+from sweep.summarize import main as summarize_main
+
+REPO = Path(__file__).resolve().parents[1]
+register()
+
+pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def small_cfg():
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["workload.num_requests=40", "workload.rate=4"])
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def small_result(small_cfg):
+    return job.run_point(small_cfg)
+
+
+def test_goodput_counts_requests_meeting_every_bound():
+    ms = 1_000_000
+    frame = pd.DataFrame({
+        "arrival_ns": [0, 0, 0, 0],
+        "first_token_ns": [100 * ms, 300 * ms, 100 * ms, 50 * ms],
+        "finish_ns": [1100 * ms, 1300 * ms, 5100 * ms, 50 * ms],
+        "output_len": [11, 11, 11, 1],
+    })
+    # TPOT: 100, 100, 500 ms; a one-token request has TPOT 0.
+    slo = OmegaConf.create({"ttft_ms": 200, "tpot_ms": 150, "e2el_ms": None})
+    out = job.goodput(frame, slo, duration_s=2.0)
+    assert out["slo_attainment_pct"] == 50.0  # requests 0 and 3
+    assert out["goodput_rps"] == 1.0
+    none = OmegaConf.create({"ttft_ms": None, "tpot_ms": None, "e2el_ms": 1000})
+    assert job.goodput(frame, none, duration_s=2.0)["slo_attainment_pct"] == 25.0
+
+
+def test_run_point_returns_plain_metrics_series_and_requests(small_cfg, small_result):
+    m = small_result["metrics"]
+    assert m["completed"] == 40
+    assert all(isinstance(v, float) for v in m.values())
+    for key in ("ttft_ms_p99", "tpot_ms_p99", "itl_ms_p99", "e2el_ms_p99", "goodput_rps",
+                "kv_usage_pct_max", "num_preemptions", "prefix_hit_rate", "makespan_s",
+                "sim_wall_s", "job_wall_s", "usd_per_m_output_tokens", "kv_num_blocks"):
+        assert key in m, key
+    assert 0 < m["goodput_rps"] <= m["request_throughput"] + 1e-9
+    assert m["makespan_s"] > 40 / 4 * 0.5  # 40 requests at 4 req/s take seconds, not ms
+    series = small_result["timeseries"]
+    assert set(series) >= {"t_s", "running", "waiting", "kv_usage_pct", "gen_throughput"}
+    assert len(series["t_s"]) == pytest.approx(m["makespan_s"], abs=2)
+    requests = pd.read_parquet(io.BytesIO(small_result["requests_parquet"]))
+    assert len(requests) == 40 and requests["finish_ns"].min() > 0
+
+
+def test_caches_stay_warm_across_points(small_cfg, small_result):
+    before = job.latency_model.cache_info()
+    other = OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.5}})
+    result = job.run_point(other)
+    after = job.latency_model.cache_info()
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+    assert result["metrics"]["kv_num_blocks"] < small_result["metrics"]["kv_num_blocks"]
+
+
+def test_prefix_sharing_workload_hits_the_prefix_cache(small_cfg):
+    shared = OmegaConf.merge(small_cfg, {"workload": {"shared_prefix_len": 512, "num_prefix_groups": 2}})
+    on = job.run_point(shared)["metrics"]
+    off = job.run_point(OmegaConf.merge(shared, {"cluster": {"enable_prefix_caching": False}}))["metrics"]
+    assert on["prefix_hit_rate"] > 0.1
+    assert off["prefix_hit_rate"] == 0.0
+
+
+def test_single_run_recorder_writes_a_top_level_run_and_table(small_cfg, small_result, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = OmegaConf.merge(small_cfg, {"tracking": {"uri": uri}})
+    rec = SweepRecorder(cfg, tmp_path / "out", num_jobs=1, nested=False)
+    rec.start()
+    rec.job_done(0, cfg, JobReturn(status=JobStatus.COMPLETED, _return_value=small_result))
+    rec.close("FINISHED")
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("default")
+    runs = client.search_runs([exp.experiment_id])
+    assert len(runs) == 1 and "mlflow.parentRunId" not in runs[0].data.tags
+    assert runs[0].data.metrics["completed"] == 40
+    assert runs[0].data.params["cluster.gpu_memory_utilization"] == "0.9"
+    table, meta = read_results_table(tmp_path / "out" / RESULTS_FILE)
+    assert len(table) == 1 and table.loc[0, "status"] == "finished"
+    assert table.loc[0, "ttft_ms_p99"] == pytest.approx(small_result["metrics"]["ttft_ms_p99"])
+    assert meta["parent_run_id"] is None and meta["study"]["name"] == "default"
+    assert (tmp_path / "out" / "requests.parquet").is_file()
+    assert summarize_main([str(tmp_path / "out"), "--no-plot"]) == 0
+
+
+def test_summarize_explains_a_missing_table(tmp_path):
+    with pytest.raises(SystemExit, match="no results table"):
+        summarize_main([str(tmp_path)])
+
+
+def test_cli_single_run_and_a_clean_config_error(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": ""}
+    base = [sys.executable, "-m", "sweep", "workload.num_requests=20", "tracking.uri=null"]
+    ok = subprocess.run(base, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    tables = list((tmp_path / "outputs").rglob(RESULTS_FILE))
+    assert len(tables) == 1 and not (tmp_path / "mlflow.db").exists()
+    bad = subprocess.run(base + ["cluster.gpu_memory_utilization=1.5"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert bad.returncode == 1
+    assert "cluster.gpu_memory_utilization=1.5 is not allowed; allowed: 0 < value <= 1" in bad.stderr
+    assert "Traceback" not in bad.stderr

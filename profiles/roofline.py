@@ -80,7 +80,10 @@ def kernel_time_us(
     nbytes = work.bytes
     if work.gqa_extra_bytes is not None and f.mixed_gqa_share > 0:
         nbytes = nbytes + f.mixed_gqa_share * work.gqa_extra_bytes
-    memory = nbytes / (hardware.hbm_bw_gbs * 1e3 * f.eff_memory)  # GB/s -> B/us
+    bandwidth = hardware.hbm_bw_gbs * 1e3 * f.eff_memory  # GB/s -> B/us
+    if f.cache_boost > 0:
+        bandwidth = bandwidth * (1.0 + f.cache_boost * np.exp(-nbytes / (f.cache_mb * 1e6)))
+    memory = nbytes / bandwidth
     terms = [compute, memory]
     if work.serial_keys is not None and f.serial_ns_per_key > 0:
         terms.append(work.serial_keys * f.serial_ns_per_key * 1e-3)

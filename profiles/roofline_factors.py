@@ -15,6 +15,9 @@ time one thread block needs to walk the longest key sequence on its own
 have too few blocks to fill the GPU. Also for attention, ``bytes`` includes
 ``mixed_gqa_share`` times the extra K/V traffic of decodes that share a varlen call with a
 prefill chunk and are then read once per query head rather than once per KV head.
+The memory term's bandwidth is ``bw * eff_memory * (1 + cache_boost * exp(-bytes / cache_mb))``:
+kernels whose whole working set is small run partly from the on-chip L2 cache (the profiler
+times a one-layer model, so small weights and activations are often cache-resident).
 Attention calls without a prefill chunk run a different (split-KV) kernel and use
 ``decode_launch_us`` / ``decode_per_seq_us`` in place of ``launch_us`` / ``per_seq_us``.
 """
@@ -67,6 +70,8 @@ class KernelFactors:
     mixed_gqa_share: float = 0.0  # attention: share of the GQA re-read paid by mixed decodes
     decode_launch_us: float = 0.0  # attention: launch_us of pure-decode (split-KV) calls
     decode_per_seq_us: float = 0.0  # attention: per_seq_us of pure-decode calls
+    cache_boost: float = 0.0  # small working sets see bandwidth x (1 + boost) (on-chip cache)
+    cache_mb: float = 1.0  # working-set scale (MB) over which that boost decays
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -78,9 +83,11 @@ class KernelFactors:
         if self.sharpness < 1:
             raise ConfigError("roofline sharpness must be >= 1 (1 = sum, large = max)")
         nonneg = ("launch_us", "per_seq_us", "serial_ns_per_key", "mixed_gqa_share",
-                  "decode_launch_us", "decode_per_seq_us")
+                  "decode_launch_us", "decode_per_seq_us", "cache_boost")
         if min(getattr(self, n) for n in nonneg) < 0:
             raise ConfigError(f"roofline factors {', '.join(nonneg)} must be >= 0")
+        if self.cache_mb <= 0:
+            raise ConfigError("roofline cache_mb must be > 0")
 
 
 @dataclass(frozen=True, slots=True)

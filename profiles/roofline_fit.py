@@ -55,10 +55,11 @@ MEASURED: tuple[tuple[str, str], ...] = (
     ("RTXPRO6000", "Qwen/Qwen3-30B-A3B-Instruct-2507"),
 )
 #: Parameters fitted per category (the rest keep their KernelFactors defaults / zero).
+_CACHE = ("cache_boost", "cache_mb")
 FREE_PARAMS: dict[str, tuple[str, ...]] = {
-    "gemm": ("eff_compute", "eff_memory", "launch_us", "sharpness"),
+    "gemm": ("eff_compute", "eff_memory", "launch_us", "sharpness", *_CACHE),
     "lm_head": ("eff_compute", "eff_memory", "launch_us", "sharpness"),
-    "moe": ("eff_compute", "eff_memory", "launch_us", "sharpness"),
+    "moe": ("eff_compute", "eff_memory", "launch_us", "sharpness", *_CACHE),
     "attention": (
         "eff_compute",
         "eff_memory",
@@ -70,12 +71,12 @@ FREE_PARAMS: dict[str, tuple[str, ...]] = {
         "decode_launch_us",
         "decode_per_seq_us",
     ),
-    "norm": ("eff_memory", "launch_us"),
+    "norm": ("eff_memory", "launch_us", *_CACHE),
     "head_norm": ("eff_memory", "launch_us"),
-    "rotary": ("eff_memory", "launch_us"),
-    "activation": ("eff_memory", "launch_us"),
+    "rotary": ("eff_memory", "launch_us", *_CACHE),
+    "activation": ("eff_memory", "launch_us", *_CACHE),
     "embedding": ("eff_memory", "launch_us"),
-    "sampler": ("eff_memory", "launch_us"),
+    "sampler": ("eff_memory", "launch_us", *_CACHE),
 }
 
 
@@ -180,10 +181,12 @@ def all_samples(data: Path) -> tuple[HardwareSpec, list[Sample]]:
 
 _LOWER = {"eff_compute": 1e-3, "eff_memory": 1e-3, "launch_us": 1e-3, "sharpness": 1.0,
           "per_seq_us": 1e-5, "serial_ns_per_key": 1e-3, "mixed_gqa_share": 1e-3,
-          "decode_launch_us": 1e-3, "decode_per_seq_us": 1e-5}
+          "decode_launch_us": 1e-3, "decode_per_seq_us": 1e-5,
+          "cache_boost": 1e-3, "cache_mb": 1.0}
 _UPPER = {"eff_compute": 1.0, "eff_memory": 4.0, "launch_us": 1e4, "sharpness": 50.0,
           "per_seq_us": 1e2, "serial_ns_per_key": 1e3, "mixed_gqa_share": 1.0,
-          "decode_launch_us": 1e3, "decode_per_seq_us": 1e2}
+          "decode_launch_us": 1e3, "decode_per_seq_us": 1e2,
+          "cache_boost": 5.0, "cache_mb": 1e3}
 
 
 def _to_factors(names: tuple[str, ...], x: np.ndarray) -> KernelFactors:
@@ -224,6 +227,8 @@ def fit_category(category: str, samples: list[Sample], hardware: HardwareSpec) -
         "mixed_gqa_share": (0.5,),
         "decode_launch_us": (10.0,),
         "decode_per_seq_us": (0.1,),
+        "cache_boost": (1.0,),
+        "cache_mb": (30.0,),
     }
     grids = np.array(np.meshgrid(*[np.log(starts[n]) for n in names])).reshape(len(names), -1).T
     for x0 in grids:

@@ -116,8 +116,10 @@ def validate_engine_config(config: EngineConfig) -> None:
             f"long_prefill_token_threshold={config.long_prefill_token_threshold} must be >= 0 "
             "(0 disables it)"
         )
-    if config.tensor_parallel_size < 1:
-        raise ConfigError(f"tensor_parallel_size={config.tensor_parallel_size} must be >= 1")
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size"):
+        v = getattr(config, name)
+        if not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name}={v!r} must be an integer >= 1")
     if config.step_overhead_us < 0:
         raise ConfigError(f"step_overhead_us={config.step_overhead_us} must be >= 0")
     if config.num_gpu_blocks_override is not None and config.num_gpu_blocks_override < 2:
@@ -131,6 +133,17 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) 
     """Blocks of KV cache one instance gets (``mem_size · mem_util − weights`` per rank)."""
     validate_engine_config(config)
     tp = config.tensor_parallel_size
+    pp = config.pipeline_parallel_size
+    ep = config.expert_parallel_size
+    if pp > model.num_layers:
+        raise ConfigError(
+            f"pipeline_parallel_size={pp} exceeds the {model.num_layers} layers of {model.name}"
+        )
+    if model.is_moe and model.num_experts % ep:
+        raise ConfigError(
+            f"expert_parallel_size={ep} does not divide the {model.num_experts} experts of "
+            f"{model.name}; use a divisor of {model.num_experts}"
+        )
     if model.num_attention_heads % tp:
         raise ConfigError(
             f"tensor_parallel_size={tp} does not divide the {model.num_attention_heads} "
@@ -139,8 +152,10 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) 
     kv_bytes = kv_dtype_bytes(model, config)
     kv_heads_rank = max(1, model.num_kv_heads // tp)
     page = 2 * config.block_size * kv_heads_rank * model.head_dim * kv_bytes
-    bytes_per_block = page * model.num_layers
-    weights = weight_bytes_per_rank(model, tp=tp)
+    # The rank holding the most layers bounds the block count (vLLM takes the minimum over
+    # workers); stages get L//pp layers, the remainder one each (vLLM get_pp_indices).
+    bytes_per_block = page * math.ceil(model.num_layers / pp)
+    weights = weight_bytes_per_rank(model, tp=tp, ep=ep, pp=pp)
     requested = math.ceil(hardware.mem_gib * GIB * config.gpu_memory_utilization)
     overhead = int(float(config.extra.get("non_kv_overhead_gib", 0.0)) * GIB)
     available = requested - weights - overhead
@@ -150,7 +165,8 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) 
     else:
         if formula_blocks < 2:
             raise ConfigError(
-                f"{model.name} does not fit on {hardware.name} at tensor_parallel_size={tp}: "
+                f"{model.name} does not fit on {hardware.name} at tensor_parallel_size={tp}, "
+                f"pipeline_parallel_size={pp}: "
                 f"{weights / GIB:.1f} GiB of weights per rank (+{overhead / GIB:.1f} GiB reserved) "
                 f"vs {requested / GIB:.1f} GiB usable at gpu_memory_utilization="
                 f"{config.gpu_memory_utilization}; raise tensor_parallel_size, use a larger "

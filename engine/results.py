@@ -30,6 +30,9 @@ class SimulationResult:
     num_steps: int
     # KV capacity of every instance by name (``kv_capacity`` is the first instance's).
     instance_capacity: dict[str, KVCapacity] = field(default_factory=dict)
+    # Per instance: prefix-cache statistics per tier ("npu", "cpu", "cxl"), see
+    # ``KVCacheManager.tier_stats``.
+    tier_stats: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def write(self, directory: str | Path, fmt: str = "parquet") -> list[Path]:
         """Write ``requests`` and ``timeseries`` as Parquet (default) or CSV files."""

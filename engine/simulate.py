@@ -11,6 +11,7 @@ from engine.batch import LatencyModel
 from engine.cluster import KvTransfer, Router, run_cluster
 from engine.instance import DpPad, EngineUnit, Member
 from engine.kv_cache import KVCacheManager
+from engine.kv_tiers import KVTierPool
 from engine.memory import KVCapacity, kv_capacity
 from engine.request import Request
 from engine.results import SimulationResult, requests_frame, timeseries_frame
@@ -31,8 +32,11 @@ class InstanceSpec:
     config: EngineConfig
     latency: LatencyModel
     role: str = "colocated"
-    pp: int = 1  # pipeline stages; ``latency`` must then provide ``stage_ns``
     dp_group: str | None = None  # members of one group step in lock-step
+    # Prefix-cache tiers below the NPU, in lookup order (pools may be shared by instances).
+    tiers: Sequence[KVTierPool] = ()
+    # NPUs that each load a lower-tier recall (the reference bills every NPU: tp·pp).
+    recall_requesters: int = 1
 
 
 def _check_workload(workload: Sequence[RequestSpec], max_model_len: int) -> None:
@@ -66,17 +70,25 @@ def _check_workload(workload: Sequence[RequestSpec], max_model_len: int) -> None
 def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
     if spec.role not in ROLES:
         raise ConfigError(f"instance {spec.name!r}: role={spec.role!r}; use one of {ROLES}")
-    if spec.pp < 1:
-        raise ConfigError(f"instance {spec.name!r}: pp={spec.pp} must be >= 1")
-    if spec.pp > 1 and not hasattr(spec.latency, "stage_ns"):
-        raise ConfigError(
-            f"instance {spec.name!r}: pp={spec.pp} needs a latency model with stage_ns "
-            "(profiles.parallel.ParallelLatencyModel)"
-        )
     config = spec.config
+    pp = config.pipeline_parallel_size
+    if pp > 1 and not hasattr(spec.latency, "stage_ns"):
+        raise ConfigError(
+            f"instance {spec.name!r}: pipeline_parallel_size={pp} needs a latency model with "
+            "stage_ns (profiles.parallel.ParallelLatencyModel)"
+        )
     cap = kv_capacity(spec.model, spec.hardware, config)
     max_model_len = config.max_model_len or spec.model.max_position_embeddings
-    kv = KVCacheManager(cap.num_blocks, config.block_size, max_model_len, config.enable_prefix_caching)
+    kv = KVCacheManager(
+        cap.num_blocks,
+        config.block_size,
+        max_model_len,
+        config.enable_prefix_caching,
+        tiers=spec.tiers,
+        # Full-instance KV bytes per token (per-rank bytes x ranks), as the tiers store it.
+        kv_bytes_per_token=cap.bytes_per_block // config.block_size * config.tensor_parallel_size * pp,
+        recall_requesters=spec.recall_requesters,
+    )
     sched = Scheduler(
         kv,
         max_num_seqs=config.max_num_seqs,
@@ -124,20 +136,40 @@ def simulate_cluster(
         cfg = s.config
         overhead = round(cfg.step_overhead_us * 1000)
         if s.dp_group is None:
-            units.append(EngineUnit([built[i][0]], step_overhead_ns=overhead, pp=s.pp))
+            units.append(
+                EngineUnit([built[i][0]], step_overhead_ns=overhead, pp=cfg.pipeline_parallel_size)
+            )
         elif s.dp_group not in done_group:
             done_group.add(s.dp_group)
             idx = groups[s.dp_group]
             ref = instances[idx[0]]
             for j in idx:
                 o = instances[j]
-                if (o.pp, o.config.async_scheduling, o.role) != (ref.pp, ref.config.async_scheduling, ref.role):
+                a, b = o.config, ref.config
+                if (
+                    a.tensor_parallel_size,
+                    a.pipeline_parallel_size,
+                    a.expert_parallel_size,
+                    a.async_scheduling,
+                    o.role,
+                ) != (
+                    b.tensor_parallel_size,
+                    b.pipeline_parallel_size,
+                    b.expert_parallel_size,
+                    b.async_scheduling,
+                    ref.role,
+                ):
                     raise ConfigError(
-                        f"dp_group {s.dp_group!r}: members must agree on pp, role and "
-                        f"async_scheduling ({ref.name!r} vs {o.name!r})"
+                        f"dp_group {s.dp_group!r}: members must agree on tensor/pipeline/expert "
+                        f"parallel sizes, role and async_scheduling ({ref.name!r} vs {o.name!r})"
                     )
             units.append(
-                EngineUnit([built[j][0] for j in idx], step_overhead_ns=overhead, pp=s.pp, dp_pad=dp_pad)
+                EngineUnit(
+                    [built[j][0] for j in idx],
+                    step_overhead_ns=overhead,
+                    pp=cfg.pipeline_parallel_size,
+                    dp_pad=dp_pad,
+                )
             )
     hash_blocks = any(s.config.enable_prefix_caching for s in instances)
     block_size = instances[0].config.block_size
@@ -159,6 +191,7 @@ def simulate_cluster(
         wall_s=0.0,
         num_steps=sum(m.num_steps for m in members),
         instance_capacity={s.name: b[1] for s, b in zip(instances, built, strict=True)},
+        tier_stats={m.name: m.kv.tier_stats() for m in members},
     )
     result.wall_s = time.perf_counter() - t0
     return result

@@ -72,6 +72,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None: model's max_position_embeddings
     kv_cache_dtype: str = "auto"  # "auto" (= model dtype) or "fp8"
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # MoE experts are split over this many ranks (vLLM: TP x DP when expert parallelism is on).
+    expert_parallel_size: int = 1
     num_gpu_blocks_override: int | None = None
     async_scheduling: bool = True
     # Host-side cost of one engine step that kernel-level profiles do not contain (input

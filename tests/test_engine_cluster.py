@@ -128,8 +128,10 @@ def test_pipeline_parallel_keeps_several_batches_in_flight() -> None:
     # request in two in-flight batches), which the pipeline then overlaps.
     w = reqs(16, gap_ns=0, olen=16)
     cfg = replace(CFG, async_scheduling=False, max_num_batched_tokens=64)
-    pp1 = simulate_cluster([inst("a", latency=Staged(1), pp=1, config=cfg)], w)
-    pp4 = simulate_cluster([inst("a", latency=Staged(4), pp=4, config=cfg)], w)
+    pp1 = simulate_cluster([inst("a", latency=Staged(1), config=cfg)], w)
+    pp4 = simulate_cluster(
+        [inst("a", latency=Staged(4), config=replace(cfg, pipeline_parallel_size=4))], w
+    )
     assert (pp4.requests.output_len == 16).all()
     # Same per-batch latency, but batches overlap in the pipeline.
     assert pp4.makespan_ns < pp1.makespan_ns
@@ -137,4 +139,4 @@ def test_pipeline_parallel_keeps_several_batches_in_flight() -> None:
 
 def test_pp_without_stage_model_is_refused() -> None:
     with pytest.raises(ConfigError, match="stage_ns"):
-        simulate_cluster([inst("a", pp=2)], reqs(2))
+        simulate_cluster([inst("a", config=replace(CFG, pipeline_parallel_size=2))], reqs(2))

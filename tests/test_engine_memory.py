@@ -36,6 +36,25 @@ def test_capacity_formula(model: str, gib: float, tp: int, util: float, blocks: 
     assert cap.tokens == blocks * 16
 
 
+@pytest.mark.parametrize(
+    ("model", "tp", "pp", "ep", "blocks"),
+    [
+        ("meta-llama/Llama-3.1-8B", 1, 4, 1, 166282),
+        ("meta-llama/Llama-3.1-8B", 2, 2, 1, 168286),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 1, 2, 38590),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", 2, 1, 2, 79124),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 1, 1, 20158),
+    ],
+)
+def test_capacity_with_pipeline_and_expert_parallel(
+    model: str, tp: int, pp: int, ep: int, blocks: int
+) -> None:
+    cfg = EngineConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, expert_parallel_size=ep)
+    cap = kv_capacity(load_model(model), _hw(96), cfg)
+    assert cap.num_blocks == blocks
+    assert cap.tokens == blocks * 16
+
+
 def test_fp8_kv_doubles_blocks() -> None:
     m = load_model("meta-llama/Llama-3.1-8B")
     bf16 = kv_capacity(m, _hw(96), EngineConfig())

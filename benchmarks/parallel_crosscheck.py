@@ -11,8 +11,10 @@ Prints, side by side:
 4. ``reference_outputs/example_*_run.csv``: request 0 alone (10-token prompt) in every TP / PP /
    EP / DP / P/D scenario: its TTFT (the prefill step) and first ITL (one decode step) vs ours.
 5. The Qwen3-32B vLLM validation, default engine and reference clock, and whether the reference
-   clock reproduces the reference simulator's output token for token.
-6. Engine speed per step: TP1 Llama (ProfiledLatencyModel) vs TP2 Qwen3-32B (this model).
+   clock reproduces the reference simulator's output token for token; plus, as a sensitivity
+   only, the default engine with the links' latency at 15 us instead of the config's 20 us.
+6. Engine CPU time per step: TP1 Llama (ProfiledLatencyModel) vs this model at TP1, TP2 and in
+   a DP2 x EP2 group.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import analysis.validate as V  # noqa: E402
 from analysis.groundtruth import load_cluster_config  # noqa: E402
 from engine import simulate  # noqa: E402
 from engine.batch import BatchShape  # noqa: E402
+from engine.simulate import InstanceSpec, simulate_cluster  # noqa: E402
 from engine.specs import EngineConfig, ModelSpec  # noqa: E402
 from profiles.bundle import load_bundle  # noqa: E402
 from profiles.catalog import load_hardware, model_from_hf_config  # noqa: E402
@@ -153,22 +156,31 @@ def qwen30b_dp_ep_residuals(data: Path) -> Counter:
                    for s, ref in xc.decode_iterations(reqs, instances=2))
 
 
-def run_validation(data: Path, cfg: EngineConfig):
-    """Qwen3-32B validation; returns (ValidationRun, SimulationResult)."""
+def run_validation(data: Path, cfg: EngineConfig, link_latency_ns: float | None = None):
+    """Qwen3-32B validation; returns (ValidationRun, SimulationResult).
+
+    ``link_latency_ns`` replaces the cluster config's link latency (sensitivity only).
+    """
     captured = {}
-    real = V.simulate
+    real, real_load = V.simulate, V.load_groundtruth
 
     def keep(*a, **k):
         captured["r"] = res = real(*a, **k)
         return res
 
-    V.simulate = keep
+    def load(path):
+        gt = real_load(path)
+        if link_latency_ns is None:
+            return gt
+        return replace(gt, cluster=replace(gt.cluster, link_latency=(link_latency_ns,)))
+
+    V.simulate, V.load_groundtruth = keep, load
     try:
         run = V.run_validation(data / GT / "Qwen3-32B",
                                lss(data) / "workloads" / "sharegpt-qwen3-32b-300-sps10.jsonl",
                                lss(data) / "profiles", base=cfg)
     finally:
-        V.simulate = real
+        V.simulate, V.load_groundtruth = real, real_load
     return run, captured["r"]
 
 
@@ -186,8 +198,22 @@ def token_mismatches(data: Path, requests: pd.DataFrame) -> tuple[int, int]:
     return bad, total
 
 
+def _timed(fn, repeat: int) -> tuple[float, int]:
+    walls, steps = [], 0
+    for _ in range(repeat):
+        t0 = time.process_time()  # CPU time: robust to other load on the machine
+        res = fn()
+        walls.append(time.process_time() - t0)
+        steps = res.num_steps
+    return statistics.median(walls), steps
+
+
 def speed(data: Path, repeat: int) -> list[tuple[str, float, int]]:
-    """(label, median wall us per engine step, steps) for TP1 and TP2 replays, default engine."""
+    """(label, median CPU us per engine step, steps) of 300-request replays, default engine.
+
+    A fresh latency model for every repeat (its memo is part of what is measured). The DP case
+    counts one step per member and lock-step round.
+    """
     out = []
     cfg = EngineConfig()
     hw = load_hardware(HW)
@@ -195,23 +221,36 @@ def speed(data: Path, repeat: int) -> list[tuple[str, float, int]]:
              ("Llama-3.1-8B tp1 ParallelLatencyModel", "meta-llama/Llama-3.1-8B", 1, True),
              ("Llama-3.1-8B tp2 ParallelLatencyModel", "meta-llama/Llama-3.1-8B", 2, True),
              ("Qwen3-32B tp2 ParallelLatencyModel", "Qwen/Qwen3-32B", 2, True))
+    workloads = {"meta-llama/Llama-3.1-8B": "sharegpt-llama-3.1-8b-300-sps10.jsonl",
+                 "Qwen/Qwen3-32B": "sharegpt-qwen3-32b-300-sps10.jsonl",
+                 "Qwen/Qwen3-30B-A3B-Instruct-2507": "sharegpt-qwen3-30b-a3b-300-sps10.jsonl"}
     for label, name, tp, par in cases:
         spec = model_spec(data, name)
         bundle = load_bundle(lss(data) / "profiles", HW, name)
-        wl = "sharegpt-llama-3.1-8b-300-sps10.jsonl" if "Llama" in name else \
-            "sharegpt-qwen3-32b-300-sps10.jsonl"
-        workload = read_jsonl(lss(data) / "workloads" / wl)
-        walls, steps = [], 0
-        for _ in range(repeat):
-            if par:
-                lat = latency_for_instance(bundle, spec, tp=tp, hardware=hw)
-            else:
-                lat = ProfiledLatencyModel(bundle, spec, tp)
-            t0 = time.perf_counter()
-            res = simulate(spec, hw, replace(cfg, tensor_parallel_size=tp), workload, lat)
-            walls.append(time.perf_counter() - t0)
-            steps = res.num_steps
-        out.append((label, statistics.median(walls) / steps * 1e6, steps))
+        workload = read_jsonl(lss(data) / "workloads" / workloads[name])
+
+        def run(spec=spec, bundle=bundle, workload=workload, tp=tp, par=par):
+            lat = (latency_for_instance(bundle, spec, tp=tp, hardware=hw) if par
+                   else ProfiledLatencyModel(bundle, spec, tp))
+            return simulate(spec, hw, replace(cfg, tensor_parallel_size=tp), workload, lat)
+
+        run()  # warm-up (imports, allocator)
+        wall, steps = _timed(run, repeat)
+        out.append((label, wall / steps * 1e6, steps))
+
+    name = "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    spec = model_spec(data, name)
+    bundle = load_bundle(lss(data) / "profiles", HW, name)
+    workload = read_jsonl(lss(data) / "workloads" / workloads[name])
+
+    def run_dp():
+        insts = [InstanceSpec(f"dp{k}", spec, hw, cfg,
+                              latency_for_instance(bundle, spec, tp=1, ep=2, dp=2, hardware=hw),
+                              dp_group="A") for k in range(2)]
+        return simulate_cluster(insts, workload, router="round_robin", dp_pad=pad_dp_group)
+
+    wall, steps = _timed(run_dp, repeat)
+    out.append(("Qwen3-30B-A3B dp2 x ep2 (2 members)", wall / steps * 1e6, steps))
     return out
 
 
@@ -266,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             bad += mis
     cols["LLMServingSim"] = {"ttft_ms_mean": 1.3, "tpot_ms_mean": 0.8, "e2el_ms_mean": 1.0,
                              "mean |diff|": 1.0, "max |diff|": 1.7}
+    run, _ = run_validation(data, EngineConfig(), link_latency_ns=15000.0)
+    cols["default, 15 us links (sensitivity)"] = {
+        **{k: v["diff_pct"] for k, v in run.report["metrics"].items()},
+        "mean |diff|": run.report["mean_abs_diff_pct"], "max |diff|": run.report["max_abs_diff_pct"]}
     print(pd.DataFrame(cols).round(2).to_string())
     print(f"   reference clock vs the reference simulator: {mis} of {tot} TTFT/end/ITL values differ")
 
@@ -273,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = speed(data, args.repeat)
     base = rows[0][1]
     for label, us, steps in rows:
-        print(f"   {label:40s} {us:8.1f} us/step  ({steps} steps)  x{us / base:.2f} of TP1")
+        print(f"   {label:40s} {us:8.1f} CPU us/step  ({steps} steps)  x{us / base:.2f} of TP1")
     bad += any(us > 2 * base for _, us, _ in rows)
     print("\nMISMATCHES:", bad)
     return 1 if bad else 0

@@ -108,12 +108,93 @@ def prefix_heavy(
     return out
 
 
+def repeats(limit: int = 150, *, seed: int = 7, num_prompts: int = 12) -> list[RequestSpec]:
+    """Exact repeats: ``limit`` requests, one every 20 ms, each drawing one of
+    ``num_prompts`` prompts whose lengths are multiples of the block size (16–1024 tokens),
+    with 1–6 output tokens (the same ids for the same prompt). Exercises full-prompt hits
+    (the last block is recomputed, and a duplicate cached block appears), same-step sharing,
+    and requests that finish on their first token."""
+    rng = random.Random(seed)
+    prompts = [
+        tuple(rng.randrange(100, 32000) for _ in range(16 * rng.randint(1, 64)))
+        for _ in range(num_prompts)
+    ]
+    replies = [tuple(rng.randrange(100, 32000) for _ in range(6)) for _ in range(num_prompts)]
+    out: list[RequestSpec] = []
+    for i in range(limit):
+        k = rng.randrange(num_prompts)
+        n_out = rng.randint(1, 6)
+        out.append(RequestSpec(f"d{i}", i * 20_000_000, prompts[k], n_out, replies[k][:n_out]))
+    return out
+
+
+def short_prompts(name: str, max_prompt: int, limit: int | None = None) -> list[RequestSpec]:
+    """A replay file keeping only requests whose prompt has at most ``max_prompt`` tokens."""
+    return [s for s in replay(name, limit) if s.prompt_len <= max_prompt]
+
+
+def fuzz_workload(seed: int) -> tuple[dict[str, object], list[RequestSpec]]:
+    """A small random scheduler configuration and request stream (deterministic per seed).
+
+    Settings: block size 8/16/32, token budget 16–512, ``max_num_seqs`` 1–64 (at most the
+    budget), ``long_prefill_token_threshold`` 0/8/24/100, full-ISL gate on/off, async on/off,
+    ``max_model_len`` 4096 or 256. Requests (20–60) arrive in bursts; each prompt is one of
+    a few shared prefixes (of any length, block-aligned or not) plus a random tail, or an
+    exact repeat of an earlier prompt; outputs are 1–40 tokens. The block count lies between
+    what the longest request needs alone and four times that, so pressure varies from none
+    to constant preemption.
+    """
+    rng = random.Random(seed)
+    bs = rng.choice([8, 16, 16, 32])
+    budget = rng.choice([16, 32, 64, 128, 512])
+    seqs = min(budget, rng.choice([1, 2, 4, 16, 64]))
+    max_len = rng.choice([4096, 4096, 256])
+    prefixes = [
+        [rng.randrange(100, 32000) for _ in range(rng.randint(1, 200))]
+        for _ in range(rng.randint(1, 4))
+    ]
+    specs: list[RequestSpec] = []
+    t = 0
+    for i in range(rng.randint(20, 60)):
+        if rng.random() < 0.5:
+            t += rng.randrange(0, 200_000_000)
+        if specs and rng.random() < 0.15:
+            prompt = list(rng.choice(specs).prompt_ids)
+        else:
+            prompt = list(rng.choice(prefixes)) + [
+                rng.randrange(100, 32000) for _ in range(rng.randint(0, 300))
+            ]
+        prompt = prompt[: min(len(prompt), max_len - 2)] or [1]
+        n_out = rng.randint(1, 40)
+        specs.append(
+            RequestSpec(
+                f"f{i}",
+                t,
+                tuple(prompt),
+                n_out,
+                tuple(rng.randrange(100, 32000) for _ in range(n_out)),
+            )
+        )
+    need = max(-(-min(s.prompt_len + s.output_len, max_len) // bs) for s in specs)
+    settings: dict[str, object] = {
+        "num_blocks": 1 + need + rng.randint(0, 3 * need),
+        "block_size": bs,
+        "max_num_batched_tokens": budget,
+        "max_num_seqs": seqs,
+        "max_model_len": max_len,
+        "long_prefill_token_threshold": rng.choice([0, 0, 8, 24, 100]),
+        "reserve_full_isl": rng.random() < 0.6,
+        "async_scheduling": rng.random() < 0.5,
+    }
+    return settings, specs
+
+
 @dataclass(frozen=True, slots=True)
 class Case:
     """One differential run: a workload (by builder name and size) and the settings."""
 
     name: str
-    workload: str  # "llama" | "qwen32" | "qwen30" | "prefix"
+    workload: str  # llama | qwen32 | qwen30 | prefix | repeats | llama-short | fuzz:<seed>
     cfg: SchedConfig
     limit: int | None = None
     step_ns: int = 30_000_000
@@ -123,6 +204,12 @@ class Case:
     def specs(self) -> list[RequestSpec]:
         if self.workload == "prefix":
             return prefix_heavy(self.limit or 200)
+        if self.workload == "repeats":
+            return repeats(self.limit or 150)
+        if self.workload.startswith("fuzz:"):
+            return fuzz_workload(int(self.workload[5:]))[1]
+        if self.workload == "llama-short":
+            return short_prompts(LLAMA, 1000, self.limit)
         files = {"llama": LLAMA, "qwen32": QWEN32, "qwen30": QWEN30}
         return replay(files[self.workload], self.limit)
 
@@ -133,6 +220,17 @@ def _cfg(num_blocks: int, **kw: object) -> SchedConfig:
 
 LLAMA_BLOCKS, QWEN32_BLOCKS, QWEN30_BLOCKS = 34_000, 26_000, 19_000
 LLAMA_LEN, QWEN_LEN = 131_072, 40_960
+
+
+def fuzz_case(seed: int) -> Case:
+    settings, _ = fuzz_workload(seed)
+    cfg = SchedConfig(**settings)  # type: ignore[arg-type]
+    return Case(f"fuzz-{seed}", f"fuzz:{seed}", cfg, free_queue_every=1,
+                what="random small configuration and stream")
+
+
+FUZZ_SEEDS_FULL = range(200)
+FUZZ_SEEDS_FAST = range(12)
 
 
 def full_cases() -> list[Case]:
@@ -186,10 +284,20 @@ def full_cases() -> list[Case]:
             Case(f"llama-seqs8-{tag}", "llama", _cfg(LLAMA_BLOCKS, max_num_seqs=8,
                                                        async_scheduling=asyn),
                  limit=80, free_queue_every=200, what="max_num_seqs 8"),
+            Case(f"repeats-{tag}", "repeats", _cfg(2000, max_num_batched_tokens=512,
+                                                    async_scheduling=asyn),
+                 free_queue_every=1, what="exact repeats, full-prompt hits, 1–6 outputs"),
+            Case(f"repeats-tight80-{tag}", "repeats", _cfg(80, max_num_batched_tokens=256,
+                                                            async_scheduling=asyn),
+                 free_queue_every=1, what="exact repeats, 80 blocks"),
+            Case(f"llama-maxlen1024-{tag}", "llama-short",
+                 _cfg(3000, max_model_len=1024, async_scheduling=asyn),
+                 free_queue_every=10, what="max_model_len 1024: outputs capped by the length"),
             Case(f"qwen32-seqs16-tight380-{tag}", "qwen32",
                  _cfg(380, max_num_seqs=16, max_num_batched_tokens=512, async_scheduling=asyn),
                  limit=100, free_queue_every=1, what="16 seqs, budget 512, 380 blocks"),
         ]
+    cases += [fuzz_case(seed) for seed in FUZZ_SEEDS_FULL]
     return cases
 
 
@@ -207,4 +315,5 @@ def fast_cases() -> list[Case]:
         Case("fast-prefix-noisl-async", "prefix",
              _cfg(500, reserve_full_isl=False, async_scheduling=True),
              limit=60, free_queue_every=1, what="prefix-heavy, full-ISL gate off, async"),
+        *(fuzz_case(seed) for seed in FUZZ_SEEDS_FAST),
     ]

@@ -158,3 +158,64 @@ def test_fast_case_identical_to_vllm(case: Case) -> None:
 @pytest.mark.parametrize("case", full_cases(), ids=lambda c: c.name)
 def test_full_case_identical_to_vllm(case: Case) -> None:
     _check(case)
+
+
+# -- the harness must catch real scheduler bugs: inject known ones into our engine ----------
+
+
+def _free_head_first(self, req):
+    """Bug: free a request's blocks head-first (vLLM frees tail-first)."""
+    blocks = self.req_blocks.pop(req.index, None)
+    self.num_cached_block.pop(req.index, None)
+    if blocks:
+        self.pool.free_blocks(blocks)
+
+
+def _mutations():
+    from engine.kv_cache import KVCacheManager
+    from engine.scheduler import Scheduler
+
+    lookup = KVCacheManager.get_computed_blocks
+    preempt = Scheduler._preempt
+
+    def hit_whole_prompt(self, req):
+        """Bug: no ``num_tokens - 1`` cap, so a fully cached prompt hits its last block."""
+        req.num_tokens += 1
+        try:
+            return lookup(self, req)
+        finally:
+            req.num_tokens -= 1
+
+    def requeue_at_back(self, victim):
+        """Bug: preempted requests go to the back of ``waiting`` instead of the front."""
+        preempt(self, victim)
+        self.waiting.remove(victim)
+        self.waiting.append(victim)
+
+    return {
+        "free-head-first": (KVCacheManager, "free", _free_head_first),
+        "hit-whole-prompt": (KVCacheManager, "get_computed_blocks", hit_whole_prompt),
+        "preempted-to-back": (Scheduler, "_preempt", requeue_at_back),
+        "no-full-isl-gate": (KVCacheManager, "can_fit_full_sequence", lambda s, r, h: True),
+    }
+
+
+@needs_vllm
+@needs_data
+@pytest.mark.parametrize(
+    "mutation", ["free-head-first", "hit-whole-prompt", "preempted-to-back", "no-full-isl-gate"]
+)
+def test_injected_engine_bug_is_detected(mutation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cls, attr, fn = _mutations()[mutation]
+    monkeypatch.setattr(cls, attr, fn)
+    case = next(c for c in full_cases() if c.name == "repeats-tight80-sync")
+    res = run_case(
+        case.name,
+        case.cfg,
+        case.specs(),
+        OursSide,
+        _vllm_side(),
+        free_queue_every=1,
+        stop_after_divergence=0,
+    )
+    assert res.divergence is not None, f"{mutation} went unnoticed"

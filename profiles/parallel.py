@@ -29,7 +29,7 @@ All results are integer ns and memoised on the shape (or token count).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -514,32 +514,38 @@ class ParallelLatencyModel:
                               "latency_for_instance(..., pd=True)")
         return self.pd_network.p2p_ns(nbytes, 0, self.pd_peer)
 
-    def kv_transfer_ns(self, num_tokens: int) -> int:
-        """Time to move ``num_tokens`` of KV from a prefill rank to its decode peer.
+    def kv_transfer_ns(self, num_tokens: int, *, streamed: bool = False) -> int:
+        """Time to move ``num_tokens`` of KV from a prefill rank to its decode peer (ranks in
+        parallel, each over its own link; integer ns).
 
-        Each layer's K+V is its own message (:meth:`kv_bytes_per_layer`); the network is
-        congestion-unaware (as ASTRA-Sim's analytical backend), so the ``L`` messages of all
-        ranks travel concurrently and the hand-off takes one message time.
+        ``streamed=False`` (vLLM's disaggregation connectors, which move a finished prefill's
+        blocks): one transfer of all ``L`` layers' K+V, ``L * kv_bytes_per_layer``.
+        ``streamed=True`` (the reference): each layer's K+V is its own message sent right after
+        that layer's ``qkv_proj``; the network is congestion-unaware (as ASTRA-Sim's analytical
+        backend), so the messages travel concurrently and the hand-off takes one message time,
+        mostly hidden behind the prefill step (see :meth:`pd_prefill_extra_ns`).
         """
         if num_tokens < 0:
             raise ConfigError(f"num_tokens = {num_tokens}: must be >= 0")
         if num_tokens == 0:
             return 0
-        return self._pd_p2p(self.kv_bytes_per_layer(num_tokens))
+        per_layer = self.kv_bytes_per_layer(num_tokens)
+        return self._pd_p2p(per_layer if streamed else self.model.num_layers * per_layer)
 
     def pd_prefill_extra_ns(self, shape: BatchShape, send_tokens: int | None = None) -> int:
         """Time a P/D prefill step lasts beyond :meth:`iteration_ns` (reference semantics).
 
         The sampled ids (``4*T`` bytes) are sent to the decode side instead of stored, and the
         last layer's KV message (sent after its ``qkv_proj``) may outlast the rest of the step:
-        ``max(p2p(4*T), kv_transfer_ns(N) - tail)`` with ``tail`` the compute and collectives
-        after the last ``qkv_proj`` (rest of the block, the head). ``send_tokens`` N defaults
-        to the step's scheduled tokens (the reference's effective value).
+        ``max(p2p(4*T), kv_transfer_ns(N, streamed=True) - tail)`` with ``tail`` the compute and
+        collectives after the last ``qkv_proj`` (rest of the block, the head). ``send_tokens``
+        N defaults to the step's scheduled tokens (the reference's effective value; pass the
+        scheduled tokens plus the prefix-cache hit to ship the hit's KV too).
         """
         T = shape.total_tokens
         n = T if send_tokens is None else send_tokens
         out = self._pd_p2p(4 * T)
-        kv = self.kv_transfer_ns(n)
+        kv = self.kv_transfer_ns(n, streamed=True)
         if kv <= out:
             return out
         return max(out, kv - self._tail_after_qkv(shape))
@@ -579,6 +585,34 @@ class ParallelLatencyModel:
         fn = getattr(self.compute, "clear_cache", None)
         if callable(fn):
             fn()
+
+
+def cluster_kv_transfer(*, streamed: bool = False) -> Callable[[Any, Any, int], int]:
+    """A ``kv_transfer_ns(prefill_member, decode_member, tokens)`` for
+    :func:`engine.simulate.simulate_cluster`: how long after the prefill step ends the decode
+    side holds the request's KV, priced by the prefill member's latency model (a
+    :class:`ParallelLatencyModel` built with ``pd=True``).
+
+    ``streamed=False``: vLLM's connectors, the whole KV after the step
+    (:meth:`ParallelLatencyModel.kv_transfer_ns`). ``streamed=True``: the reference, which
+    streams each layer's KV during the step and then sends the sampled ids; what is left is
+    :meth:`ParallelLatencyModel.pd_prefill_extra_ns` of a prefill of ``tokens`` alone (the
+    reference adds it to the prefill step, so its TTFT is that much later).
+    """
+
+    def kv_transfer(prefill: Any, decode: Any, tokens: int) -> int:
+        lat = getattr(prefill, "latency", None)
+        if not isinstance(lat, ParallelLatencyModel):
+            raise ConfigError(
+                f"P/D: prefill instance {getattr(prefill, 'name', prefill)!r} has no "
+                "ParallelLatencyModel; build it with profiles.parallel.latency_for_instance(..., "
+                "pd=True)"
+            )
+        if streamed:
+            return lat.pd_prefill_extra_ns(BatchShape(tokens, 1, tokens, 0, 0, 0, 0, 0))
+        return lat.kv_transfer_ns(tokens)
+
+    return kv_transfer
 
 
 # ------------------------------------------------------------------------------------ factory

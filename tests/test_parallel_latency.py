@@ -257,7 +257,10 @@ def test_kv_transfer_bytes_dtype_and_tp_aware() -> None:
     assert m.kv_bytes_per_layer(10) == 2 * 2 * 64 * 10 * 2
     assert _pd_model("fp8").kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
     assert _pd_model(tp=2).kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
-    assert m.kv_transfer_ns(10) == m.pd_network.p2p_ns(5120, 0, 1) == 20000 + int(5120 / 17.179869184)
+    per_layer = m.pd_network.p2p_ns(5120, 0, 1)
+    assert m.kv_transfer_ns(10, streamed=True) == per_layer == 20000 + int(5120 / 17.179869184)
+    assert m.kv_transfer_ns(10) == m.pd_network.p2p_ns(DENSE.num_layers * 5120, 0, 1)
+    assert m.kv_transfer_ns(10) > per_layer
     assert m.kv_transfer_ns(0) == 0
     with pytest.raises(ConfigError, match="pd_network"):
         parallel(DENSE, ParallelLayout()).kv_transfer_ns(10)
@@ -270,7 +273,7 @@ def test_pd_prefill_extra_output_send_or_exposed_kv() -> None:
     assert m.pd_prefill_extra_ns(s) == m.pd_network.p2p_ns(40, 0, 1) == 20002
     huge = 1_000_000
     tail = m._tail_after_qkv(s)
-    assert m.pd_prefill_extra_ns(s, send_tokens=huge) == m.kv_transfer_ns(huge) - tail
+    assert m.pd_prefill_extra_ns(s, send_tokens=huge) == m.kv_transfer_ns(huge, streamed=True) - tail
 
 
 # ------------------------------------------------------------------------------------ inference
@@ -304,3 +307,17 @@ def test_compute_model_with_host_io_rejected() -> None:
     layout = ParallelLayout(tp=2)
     with pytest.raises(ConfigError, match="host_mem_bw_gbs=None"):
         ParallelLatencyModel(WithIO(DENSE), DENSE, layout, net(layout))
+
+
+def test_cluster_kv_transfer_uses_prefill_member_model() -> None:
+    from types import SimpleNamespace
+
+    from profiles.parallel import cluster_kv_transfer
+    m = _pd_model()
+    fn = cluster_kv_transfer()
+    assert fn(SimpleNamespace(name="p", latency=m), SimpleNamespace(name="d"), 10) == \
+        m.kv_transfer_ns(10)
+    assert cluster_kv_transfer(streamed=True)(SimpleNamespace(latency=m), None, 10) == \
+        m.pd_prefill_extra_ns(BatchShape(10, 1, 10, 0, 0, 0, 0, 0)) == 20002
+    with pytest.raises(ConfigError, match="pd=True"):
+        fn(SimpleNamespace(name="p", latency=FakeCompute(DENSE)), None, 10)

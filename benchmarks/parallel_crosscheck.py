@@ -9,7 +9,8 @@ Prints, side by side:
    iteration, reference time vs ours (compute + 128 all-reduces + host I/O).
 3. Qwen3-30B-A3B DP=2 x EP=2: one-request iterations, reference vs the lock-step member time.
 4. ``reference_outputs/example_*_run.csv``: request 0 alone (10-token prompt) in every TP / PP /
-   EP / DP / P/D scenario: its TTFT (the prefill step) and first ITL (one decode step) vs ours.
+   EP / DP / P/D scenario: its TTFT (the prefill step) and first ITL (one decode step) vs ours;
+   and the whole P/D scenario through ``engine.simulate_cluster`` with the KV hand-off.
 5. The Qwen3-32B vLLM validation, default engine and reference clock, and whether the reference
    clock reproduces the reference simulator's output token for token; plus, as a sensitivity
    only, the default engine with the links' latency at 15 us instead of the config's 20 us.
@@ -52,6 +53,7 @@ from profiles.parallel import (  # noqa: E402
     ParallelLatencyModel,
     ParallelLayout,
     build_network,
+    cluster_kv_transfer,
     latency_for_instance,
     layout_for_instance,
     pad_dp_group,
@@ -132,6 +134,29 @@ def scenario_rows(data: Path) -> list[ScenarioRow]:
             r0 = next(r for r in csv.DictReader(fh) if r["request id"] == "0")
         rows.append(ScenarioRow(key, lay, int(r0["TTFT"]), ttft, json.loads(r0["ITL"])[0], itl0))
     return rows
+
+
+def pd_scenario_end(data: Path, streamed: bool = True) -> tuple[int, int]:
+    """(reference, ours) last finish of the P/D scenario (``single_node_pd_instance``,
+    example trace, 10 requests) with the reference clock and the KV hand-off priced here."""
+    cluster = load_cluster_config(lss(data) / "configs" / "cluster" / "single_node_pd_instance.json")
+    insts = []
+    for k, inst in enumerate(cluster.instances):
+        spec = model_spec(data, inst.model_name)
+        lay = layout_for_instance(inst, cluster.instances, spec)
+        hw = replace(load_hardware(inst.hardware), mem_gib=inst.npu_mem.mem_size)
+        lat = latency_for_instance(
+            lss(data) / "profiles", spec, tp=lay.tp, link_bw_gbs=cluster.link_bw,
+            link_latency_ns=cluster.link_latency, hardware=hw,
+            host_mem_bw_gbs=cluster.nodes[0].cpu_mem.mem_bw, pd=inst.pd_type == "prefill")
+        cfg = EngineConfig(async_scheduling=False, step_overhead_us=0.0)
+        insts.append(InstanceSpec(f"i{k}", spec, hw, cfg, lat, role=inst.pd_type))
+    workload = read_jsonl(lss(data) / "workloads" / "example_trace.jsonl", limit=10)
+    res = simulate_cluster(insts, workload, router="round_robin",
+                           kv_transfer_ns=cluster_kv_transfer(streamed=streamed))
+    with (lss(data) / "reference_outputs" / "example_pd_run.csv").open(newline="") as fh:
+        ref = max(int(r["end_time"]) for r in csv.DictReader(fh))
+    return ref, int(res.requests.finish_ns.max())
 
 
 def qwen32b_model(data: Path) -> ParallelLatencyModel:
@@ -290,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {r.key:16s}{desc:>22s}{r.ref_ttft:>14,d}{r.ttft:>14,d}{r.ref_ttft - r.ttft:>8,d}"
               f"{r.ref_itl0:>14,d}{r.itl0:>14,d}{r.ref_itl0 - r.itl0:>8,d}")
         bad += abs(r.ref_ttft - r.ttft) > 1e-3 * r.ref_ttft or abs(r.ref_itl0 - r.itl0) > 1e-3 * r.ref_itl0
+
+    print("\n== P/D scenario (single_node_pd_instance), last finish, reference clock ==")
+    for streamed in (True, False):
+        ref, ours = pd_scenario_end(data, streamed)
+        how = "streamed per layer (reference)" if streamed else "whole KV after prefill (vLLM)"
+        print(f"   {how:34s} reference {ref:,}  ours {ours:,}  diff {ours - ref:+,} ns")
+        bad += streamed and ours != ref
 
     print("\n== Qwen3-32B TP2 vs vLLM (Diff% = (sim - vLLM)/vLLM) ==")
     variants = {"default engine": EngineConfig(),

@@ -57,6 +57,13 @@ def test_reference_scenarios_request0_steps(shared_data: Path) -> None:
         assert abs(r.itl0 - r.ref_itl0) <= 1e-3 * r.ref_itl0
 
 
+def test_pd_scenario_total_exact_with_streamed_hand_off(shared_data: Path) -> None:
+    ref, ours = pc.pd_scenario_end(shared_data, streamed=True)
+    assert ours == ref == 1_661_784_496
+    ref, whole = pc.pd_scenario_end(shared_data, streamed=False)
+    assert whole > ours  # the whole KV after the prefill is slower than streaming it
+
+
 def test_qwen32b_reference_clock_reproduces_reference_simulator_token_for_token(
     shared_data: Path,
 ) -> None:

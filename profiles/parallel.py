@@ -370,6 +370,8 @@ class ParallelLatencyModel:
     def stage_times(self, shape: BatchShape) -> tuple[int, ...]:
         """Per stage: its compute, its collectives, its outgoing send (non-last stages) and, on
         stage 0, the host input load. They sum to :meth:`iteration_ns`."""
+        if self.layout.pp == 1:
+            return (self.iteration_ns(shape),)
         v = self._stage_cache.get(shape)
         if v is None:
             v = self._stages(shape)
@@ -383,8 +385,6 @@ class ParallelLatencyModel:
         comm = self.block_comm_ns(T)
         io = self.host_io_ns(T)
         L = self.model.num_layers
-        if self.layout.pp == 1:
-            return (self.compute.iteration_ns(shape) + L * comm + io,)
         pro, blocks, head = self._split(shape)
         send = self.pp_send_ns(T)
         out, done = [], 0
@@ -409,7 +409,12 @@ class ParallelLatencyModel:
         """Latency a request sees for one step: through every stage (memoised on the shape)."""
         v = self._cache.get(shape)
         if v is None:
-            v = sum(self.stage_times(shape))
+            if self.layout.pp == 1:
+                T = shape.total_tokens
+                v = (self.compute.iteration_ns(shape) + self.model.num_layers * self.block_comm_ns(T)
+                     + self.host_io_ns(T))
+            else:
+                v = sum(self.stage_times(shape))
             if len(self._cache) >= _MAX_CACHE:
                 self._cache.clear()
             self._cache[shape] = v

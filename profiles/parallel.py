@@ -16,8 +16,9 @@ reference simulator's trace + ASTRA-Sim graph do (timing model §2.8-2.14, §3.2
   the stages just before the last); stage 0 runs the prologue, the last stage the head, and every
   non-last stage ends with a send of the hidden state (``T*H*fp``) to the next stage.
 * **Host I/O**: the step's token ids (``T*2*fp`` bytes) are loaded from host DRAM by each of the
-  ``tp`` first-stage NPUs; the reference charges ``(tp+1)*floor(B/bw)`` ns (observed: 2x at
-  tp 1, 3x at tp 2 on 2,900 Qwen3-32B / Llama-3.1-8B iterations; ``bw`` in GB/s read as B/ns).
+  ``tp`` first-stage NPUs; the reference charges ``(tp+1)*floor(B/bw)`` ns (observed, not
+  derived: 2x at tp 1 on the Llama-3.1-8B run, 3x at tp 2 on every recoverable decode iteration
+  of the Qwen3-32B run; ``bw`` in GB/s read as bytes/ns).
 * **P/D**: a prefill instance streams each layer's K+V (``floor(2*n_kv*d*N*kv_bytes/tp)`` bytes
   per layer and rank, ``kv_bytes`` = 1 for an fp8 KV cache) to its decode peer right after that
   layer's ``qkv_proj``, overlapped with compute, and sends the sampled ids (``4*T`` bytes)
@@ -241,8 +242,9 @@ class ParallelLatencyModel:
 
     ``compute`` prices one rank's kernels for a whole step (all ``L`` layers) *without* host
     I/O: a :class:`~profiles.latency.ProfiledLatencyModel` built with ``tp`` tables, ``ep`` =
-    the group-wide EP degree and ``host_mem_bw_gbs=None``. PP, :meth:`breakdown`,
-    :meth:`dp_group_ns` and the P/D overlap need its ``breakdown(shape)`` and ``arch``.
+    the group-wide EP degree and ``host_mem_bw_gbs=None``. PP, :meth:`breakdown`, the
+    EP-coupled :meth:`dp_member_ns` and the P/D overlap need its ``breakdown(shape)`` and
+    ``arch``.
     ``network`` prices collectives on ``layout.dim_sizes()`` (see :func:`build_network`);
     ``pd_network`` (optional) prices the P/D hand-off from NPU 0 to NPU ``pd_peer``.
     ``host_mem_bw_gbs`` (None drops the host I/O term) and ``kv_cache_dtype`` as the engine's.

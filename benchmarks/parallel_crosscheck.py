@@ -64,6 +64,11 @@ HW = "RTXPRO6000"
 GT = Path("llmservingsim") / "groundtruth" / HW
 # timing model §3.6: measured TP=2 all-reduce per size (bytes -> ns, averaged over 128 / step)
 AR_FIT = {10_240: 40_635.0, 14_755_840: 912_789.3, 20_971_520: 1_280_427.5}
+# timing model §3.6: DP=2 x EP=2 (Qwen3-30B-A3B, topology [1, 2]): measured per MoE layer
+# (48 per step) for a wave of T tokens: the AG + RS pair plus, spread over the layers, what else
+# the step paid beyond compute: the idle member's 1 ms re-poll (T = 1), host I/O 2*floor(4T/256)
+# (T = 2048).
+DP_EP_FIT = {1: (61_248.3, 1_000_000), 2048: (551_458.3, 64)}
 # scenario key (reference_outputs/example_<key>_run.csv) -> cluster config
 SCENARIOS = {
     "single": "single_node_single_instance",
@@ -157,6 +162,22 @@ def pd_scenario_end(data: Path, streamed: bool = True) -> tuple[int, int]:
     with (lss(data) / "reference_outputs" / "example_pd_run.csv").open(newline="") as fh:
         ref = max(int(r["end_time"]) for r in csv.DictReader(fh))
     return ref, int(res.requests.finish_ns.max())
+
+
+def dp_ep_pair_ns(tokens: int) -> int:
+    """EP all-gather + reduce-scatter of one Qwen3-30B-A3B MoE layer in a DP2 x EP2 group."""
+    spec = ModelSpec(name="Qwen3-30B-A3B", model_type="qwen3_moe", num_layers=48,
+                     hidden_size=2048, num_attention_heads=32, num_kv_heads=4, head_dim=128,
+                     intermediate_size=6144, vocab_size=151936, max_position_embeddings=262144,
+                     num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
+    lay = ParallelLayout(tp=1, ep=2, dp=2)
+
+    class _NoCompute:
+        def iteration_ns(self, shape: BatchShape) -> int:
+            return 0
+
+    m = ParallelLatencyModel(_NoCompute(), spec, lay, build_network(lay, 16, 20000, 1597))
+    return m.ep_collectives_ns(tokens)
 
 
 def qwen32b_model(data: Path) -> ParallelLatencyModel:
@@ -294,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         ours = net.collective_ns("all-reduce", size, 2)
         bad += abs(ours - meas) > 1
         print(f"   {size:>11,d} B   reference {meas:>13,.1f} ns   ours {ours:>11,d} ns")
+
+    print("\n== timing model 3.6: DP2 x EP2 AG + RS per MoE layer (Qwen3-30B-A3B, [1, 2]) ==")
+    for T, (meas, other) in DP_EP_FIT.items():
+        ours = dp_ep_pair_ns(T)
+        bad += abs(ours + other / 48 - meas) > 0.5
+        print(f"   T = {T:5d}: reference {meas:>11,.1f} ns   ours {ours:>9,d} + {other:,} / 48 ns "
+              f"= {ours + other / 48:,.1f}")
 
     print("\n== Qwen3-32B TP2 pure-decode iterations (peer_sim/sim.csv) ==")
     res = qwen32b_decode_residuals(data)

@@ -31,6 +31,11 @@ def test_tp2_allreduce_matches_timing_model_fits() -> None:
         assert abs(net.collective_ns("all-reduce", size, 2) - measured) <= 1
 
 
+def test_dp_ep_collectives_match_timing_model_fits() -> None:
+    for tokens, (measured, other) in pc.DP_EP_FIT.items():
+        assert abs(pc.dp_ep_pair_ns(tokens) + other / 48 - measured) <= 0.5
+
+
 def test_qwen32b_tp2_every_decode_iteration_exact(shared_data: Path) -> None:
     res = pc.qwen32b_decode_residuals(shared_data)
     assert sum(res.values()) > 900

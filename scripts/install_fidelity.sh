@@ -37,8 +37,10 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 
 # This project, without its (heavy: ray, mlflow, ...) dependency list; engine/ and
 # workloads/ need numpy and pandas only; the differential test needs pytest.
-"${PIP[@]}" --no-deps -e "$REPO"
 "${PIP[@]}" "pandas>=2.2,<4" "pytest>=8" "pytest-timeout>=2.3"
+"${PIP[@]}" --no-deps -e "$REPO"
+# pip may list vLLM's and servesweep's unmet pins above (CUDA torch 2.10, flashinfer, ray,
+# mlflow, ...): expected, they are left out on purpose. The check below is what counts.
 
 "$VENV/bin/python" - <<'PY'
 import torch

@@ -19,7 +19,7 @@ Per tick each side yields an optional :class:`SchedRecord` and an optional
 dropped: vLLM schedules an empty batch once more after requests finish, to flush their ids,
 which changes nothing our engine models. A tick is *compared* when either side has a record,
 and *identical* when both sides' records (and, every ``free_queue_every`` ticks, their whole
-free-block queues) are equal.
+free-block queues, per-block ref counts and prefix-cache indexes) are equal.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ class Side(Protocol):
     def schedule(self) -> tuple[Any, SchedRecord]: ...
     def update(self, handle: Any) -> UpdateRecord: ...
     def free_queue(self) -> tuple[int, ...]: ...
+    def ledger(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]: ...
     def prefix_stats(self) -> tuple[int, int]: ...
     def describe(self, limit: int = 12) -> str: ...
 
@@ -52,6 +53,7 @@ class Tick:
     sched: SchedRecord | None = None
     update: UpdateRecord | None = None
     free_queue: tuple[int, ...] | None = None
+    ledger: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] | None = None
     idle: bool = False
 
     @property
@@ -148,6 +150,8 @@ def _fields_of(t: Tick) -> dict[str, Any]:
         for f in fields(rec):
             out[f"{name}.{f.name}"] = getattr(rec, f.name)
     out["free_queue"] = t.free_queue
+    if t.ledger is not None:
+        out["ledger.ref_cnt"], out["ledger.cache_index"] = t.ledger
     return out
 
 
@@ -208,8 +212,15 @@ def run_case(
         if free_queue_every and k % free_queue_every == 0:
             a.free_queue = ours.side.free_queue()
             b.free_queue = theirs.side.free_queue()
+            a.ledger = ours.side.ledger()
+            b.ledger = theirs.side.ledger()
         res.ticks += 1
-        if a.has_record or b.has_record or a.free_queue != b.free_queue:
+        if (
+            a.has_record
+            or b.has_record
+            or a.free_queue != b.free_queue
+            or a.ledger != b.ledger
+        ):
             quiet = 0
             res.compared += 1
             bad, va, vb = _diff(a, b)
@@ -246,6 +257,9 @@ def run_case(
     if fq_a != fq_b:
         res.field_mismatches["final.free_queue"] = 1
         res.notes.append("final free-block queues differ")
+    if ours.side.ledger() != theirs.side.ledger():
+        res.field_mismatches["final.ledger"] = 1
+        res.notes.append("final ref counts or prefix-cache index differ")
     res.totals = {
         "requests finished": (ours.finished, theirs.finished),
         "tokens scheduled": (ours.sched_tokens, theirs.sched_tokens),

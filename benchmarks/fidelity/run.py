@@ -101,7 +101,9 @@ and are stepped in lockstep by one driver (`benchmarks/fidelity/diff.py`):
   table (its whole table on admission), so block tables are compared id for id; the
   free-block count and KV usage after `schedule()` and after `update_from_output()`;
   which requests finished; the running and waiting queues in order; and, every
-  `free_queue_every` ticks and at the end, the whole free-block queue (LRU order). Records of
+  `free_queue_every` ticks and at the end, the whole free-block queue (LRU order), every
+  block's ref count, and the prefix-cache index (which block ids carry a common hash, in
+  lookup order; the hash functions differ, the grouping must not). Records of
   empty batches are dropped (vLLM schedules one empty batch after requests finish, to flush
   their ids). A tick is *compared* when either side did something, *identical* when every
   field matches. Totals (tokens, preemptions, prefix-cache queries/hits summed over every

@@ -3,7 +3,7 @@
 A *side* owns one scheduler + KV cache manager and exposes: ``add`` (a request), ``has_requests``,
 ``schedule`` (returns an opaque handle for the step plus a :class:`SchedRecord`), ``update``
 (applies a step's fake model output, returns an :class:`UpdateRecord`), ``free_queue`` (the
-free-block queue, head first), ``prefix_stats`` and ``describe`` (state for a divergence
+free-block queue, head first), ``ledger`` (ref counts and prefix-cache index), ``prefix_stats`` and ``describe`` (state for a divergence
 report). Records hold only what both schedulers expose, in the same units, so the driver can
 compare them with ``==``.
 
@@ -158,6 +158,13 @@ class OursSide:
 
     def free_queue(self) -> tuple[int, ...]:
         return tuple(self.kv.pool.free_block_ids())
+
+    def ledger(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """Ref count of every block but the null block, and the prefix-cache index as groups
+        of block ids sharing a hash (in lookup order), sorted."""
+        pool = self.kv.pool
+        groups = sorted(tuple(ids) for ids in pool.cached.values())
+        return tuple(pool.ref_cnt[1:]), tuple(groups)
 
     def prefix_stats(self) -> tuple[int, int]:
         """Cumulative prefix-cache (queries, hits) over every lookup."""
@@ -434,6 +441,18 @@ class VllmSide:
     def free_queue(self) -> tuple[int, ...]:
         q = self.sched.kv_cache_manager.block_pool.free_block_queue
         return tuple(b.block_id for b in q.get_all_free_blocks())
+
+    def ledger(self) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+        """Ref count of every block but the null block, and the prefix-cache index
+        (``BlockHashToBlockMap``) as groups of block ids sharing a hash, sorted."""
+        pool = self.sched.kv_cache_manager.block_pool
+        groups = []
+        for entry in pool.cached_block_hash_to_block._cache.values():
+            if isinstance(entry, dict):
+                groups.append(tuple(b.block_id for b in entry.values()))
+            else:
+                groups.append((entry.block_id,))
+        return tuple(b.ref_cnt for b in pool.blocks[1:]), tuple(sorted(groups))
 
     def prefix_stats(self) -> tuple[int, int]:
         """Cumulative prefix-cache (queries, hits), first and preempted lookups together."""

@@ -153,6 +153,7 @@ def run_validation(
             "tensor_parallel_size": config.tensor_parallel_size,
             "async_scheduling": config.async_scheduling,
             "step_overhead_us": config.step_overhead_us,
+            "step_overhead_hidden_ms": config.step_overhead_hidden_ms,
             "reserve_full_isl": config.reserve_full_isl,
             "enable_prefix_caching": config.enable_prefix_caching,
         },

@@ -80,12 +80,14 @@ class EngineUnit:
         members: Sequence[Member],
         *,
         step_overhead_ns: int = 0,
+        overhead_hidden_ns: int = 0,
         pp: int = 1,
         dp_pad: DpPad | None = None,
         on_finished: Callable[[Member, Request, int], None] | None = None,
     ) -> None:
         self.members = list(members)
         self.step_overhead_ns = step_overhead_ns
+        self.overhead_hidden_ns = overhead_hidden_ns
         self.pp = pp
         self.dp_pad = dp_pad
         self.on_finished = on_finished
@@ -119,6 +121,14 @@ class EngineUnit:
             req.status = RequestStatus.RUNNING
             sched.running.append(req)
 
+    def _overhead(self, t_gpu: int) -> int:
+        """Exposed host overhead of a step whose GPU work takes ``t_gpu`` ns."""
+        c = self.step_overhead_ns
+        h = self.overhead_hidden_ns
+        if c == 0 or h == 0:
+            return c
+        return c * (h - t_gpu) // h if t_gpu < h else 0
+
     def _duration(self, steps: list[ScheduledStep]) -> tuple[int, int]:
         """(iteration ns, first-stage occupancy ns) of a launch."""
         if len(steps) == 1:
@@ -127,7 +137,7 @@ class EngineUnit:
             lat = self.members[0].latency
             it = int(lat.iteration_ns(step.shape))
             stage = int(lat.stage_ns(step.shape)) if self.pp > 1 else it  # type: ignore[attr-defined]
-            extra = self.step_overhead_ns + step.extra_ns
+            extra = self._overhead(it) + step.extra_ns
             return it + extra, stage + extra
         shapes = [s.shape for s in steps]
         padded = self.dp_pad(shapes) if self.dp_pad else shapes
@@ -138,7 +148,8 @@ class EngineUnit:
             t_it = int(m.latency.iteration_ns(shape)) + step.extra_ns
             t_st = int(m.latency.stage_ns(shape)) + step.extra_ns if self.pp > 1 else t_it  # type: ignore[attr-defined]
             it, stage = max(it, t_it), max(stage, t_st)
-        return it + self.step_overhead_ns, stage + self.step_overhead_ns
+        extra = self._overhead(it)
+        return it + extra, stage + extra
 
     def _record(self, m: Member, step: ScheduledStep, end_ns: int) -> None:
         log = m.log

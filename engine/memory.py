@@ -122,6 +122,11 @@ def validate_engine_config(config: EngineConfig) -> None:
             raise ConfigError(f"{name}={v!r} must be an integer >= 1")
     if config.step_overhead_us < 0:
         raise ConfigError(f"step_overhead_us={config.step_overhead_us} must be >= 0")
+    if config.step_overhead_hidden_ms < 0:
+        raise ConfigError(
+            f"step_overhead_hidden_ms={config.step_overhead_hidden_ms} must be >= 0 "
+            "(0 = a constant per-step cost)"
+        )
     if config.num_gpu_blocks_override is not None and config.num_gpu_blocks_override < 2:
         raise ConfigError(
             f"num_gpu_blocks_override={config.num_gpu_blocks_override} must be >= 2 "

@@ -135,9 +135,15 @@ def simulate_cluster(
     for i, s in enumerate(instances):
         cfg = s.config
         overhead = round(cfg.step_overhead_us * 1000)
+        hidden = round(cfg.step_overhead_hidden_ms * 1_000_000)
         if s.dp_group is None:
             units.append(
-                EngineUnit([built[i][0]], step_overhead_ns=overhead, pp=cfg.pipeline_parallel_size)
+                EngineUnit(
+                    [built[i][0]],
+                    step_overhead_ns=overhead,
+                    overhead_hidden_ns=hidden,
+                    pp=cfg.pipeline_parallel_size,
+                )
             )
         elif s.dp_group not in done_group:
             done_group.add(s.dp_group)
@@ -167,6 +173,7 @@ def simulate_cluster(
                 EngineUnit(
                     [built[j][0] for j in idx],
                     step_overhead_ns=overhead,
+                    overhead_hidden_ns=hidden,
                     pp=cfg.pipeline_parallel_size,
                     dp_pad=dp_pad,
                 )
@@ -207,7 +214,8 @@ def simulate(
     """Simulate one vLLM V1 instance serving ``workload`` and return its results.
 
     ``latency`` prices each step (``profiles.ProfiledLatencyModel`` or a roofline bundle);
-    ``config.step_overhead_us`` adds a fixed host-side cost per step.
+    ``config.step_overhead_us`` / ``step_overhead_hidden_ms`` add the exposed host-side
+    cost of each step.
     """
     return simulate_cluster(
         [InstanceSpec("instance0", model, hardware, config, latency)], workload

@@ -77,8 +77,12 @@ class EngineConfig:
     expert_parallel_size: int = 1
     num_gpu_blocks_override: int | None = None
     async_scheduling: bool = True
-    # Host-side cost of one engine step that kernel-level profiles do not contain (input
-    # preparation, launch gaps, output processing not hidden by async scheduling). Calibrated
-    # on the RTX PRO 6000 / Llama-3.1-8B vLLM 0.19 run (docs/validation.md).
-    step_overhead_us: float = 550.0
+    # Host-side work of one engine step that kernel-level profiles do not contain (input
+    # preparation, launch gaps, output processing). Async scheduling hides it behind the GPU's
+    # work: the exposed part is ``step_overhead_us · max(0, 1 − t_gpu / step_overhead_hidden_ms)``
+    # (t_gpu = the step's priced time), i.e. the full cost for a tiny step, none for a step of
+    # ``step_overhead_hidden_ms`` or longer (0 = never hidden: a constant cost per step).
+    # Calibrated on the RTX PRO 6000 vLLM 0.19 runs (docs/validation.md).
+    step_overhead_us: float = 2500.0
+    step_overhead_hidden_ms: float = 35.0
     extra: dict[str, object] = field(default_factory=dict)

@@ -134,6 +134,7 @@ class CaseResult:
     stalled: bool = False
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    events: dict[str, int] = field(default_factory=dict)  # corner cases hit (our side)
 
     @property
     def all_identical(self) -> bool:
@@ -277,6 +278,9 @@ def run_case(
             round(sum(ttft_a) / len(ttft_a), 3),
             round(sum(ttft_b) / len(ttft_b), 3),
         )
+    events = getattr(ours.side, "events", None)
+    if events:
+        res.events = dict(events)
     res.seconds = time.perf_counter() - t0
     return res
 

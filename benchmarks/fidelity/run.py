@@ -115,6 +115,39 @@ and are stepped in lockstep by one driver (`benchmarks/fidelity/diff.py`):
 """
 
 
+COVERAGE = """\
+## What this covers, and what it does not
+
+Covered (vLLM 0.19.1 paths exercised by the cases above): FCFS two-phase scheduling with
+chunked prefill; the token budget split and partial last chunks; `max_num_seqs`;
+`long_prefill_token_threshold` on running and waiting requests; `max_model_len` caps
+(`max_model_len − 1 − num_computed_tokens` and LENGTH_CAPPED finishes); recompute
+preemption from the tail of `running`, several victims per request and self-preemption; no
+admission in a step that preempted; head-of-line blocking; the full-ISL admission gate on
+and off; prefix caching with the `num_tokens − 1` cap, block-granular hits, hits on blocks
+filled with output tokens (multi-turn), same-step sharing, duplicate cached blocks, hit
+blocks on the free list counted against free capacity, LRU eviction on allocation,
+tail-first frees; the null block; usage; prefix-cache query/hit statistics (including
+repeated lookups of blocked requests); requests that finish on their first token; block
+sizes 8, 16 and 32; `AsyncScheduler` with its placeholders, the max-tokens skip rule,
+outputs of requests preempted in flight, and the depth-2 batch queue.
+
+Not covered (our engine does not model these, or the harness does not drive them):
+the `priority` policy; chunked prefill off; speculative decoding; KV connectors
+(offloading, LMCache, P/D); EOS or stop-token finishes (the replays use `ignore_eos`
+semantics: every request runs to its recorded output length); aborts; structured output;
+encoder/multimodal inputs; hybrid/sliding-window KV groups. The harness drives our
+`Scheduler` with vLLM's engine-core loop; `engine/instance.py`'s clocked loop follows the
+same protocol but its timing is outside this comparison (time does not enter here).
+
+Self-checks (`tests/fidelity/test_differential.py`): a side compared with itself is
+identical on every tick; a side that reports one token more from its third step on is
+reported at exactly that step; and four bugs injected into our engine (head-first frees, no
+`num_tokens − 1` hit cap, preempted requests requeued at the back, the full-ISL gate
+ignored) are each caught against vLLM.
+"""
+
+
 def render(
     results: list[tuple[Case, CaseResult, int]], env: dict[str, str], selection: str
 ) -> str:
@@ -215,8 +248,18 @@ def render(
             f"| {r.seconds:.1f} |"
         )
     add("")
+    keys = list(dict.fromkeys(k for _, r, _ in results for k in r.events))
+    if keys:
+        add("## Corner cases exercised (counted on our side)")
+        add("")
+        add("| case | " + " | ".join(keys) + " |")
+        add("|---|" + "---:|" * len(keys))
+        for case, r, _ in results:
+            add(f"| {case.name} | " + " | ".join(str(r.events.get(k, 0)) for k in keys) + " |")
+        add("")
     add(_ttft_section(results))
     add(METHOD)
+    add(COVERAGE)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.kv_cache import KVCacheManager
 from engine.request import Request as OurRequest
+from engine.request import RequestStatus
 from engine.scheduler import ScheduledStep, Scheduler
 from engine.workload import RequestSpec
 
@@ -103,6 +104,14 @@ class OursSide:
         self.requests: list[OurRequest] = []
         self._table_len: dict[int, int] = {}
         self._clock = 0
+        # How often the run hit scheduler corner cases (to show what a case exercised).
+        self.events: dict[str, int] = {
+            "preemptions": 0,
+            "resumed admissions": 0,
+            "block-aligned prompts hit up to their last block": 0,
+            "outputs of requests preempted in flight": 0,
+            "max duplicate-hash blocks": 0,
+        }
 
     def add(self, spec: RequestSpec) -> None:
         full_token_ids(spec)  # same precondition as the vLLM side
@@ -130,8 +139,19 @@ class OursSide:
                 prev = 0
             new_blocks.append((rid, tuple(table[prev:])))
             self._table_len[req.index] = len(table)
+        ev = self.events
+        bs = self.cfg.block_size
         for req in step.preempted:
             self._table_len.pop(req.index, None)
+            ev["preemptions"] += 1
+        for req, n in zip(step.reqs, step.num_tokens, strict=True):
+            if req.index in before:
+                continue
+            hit = req.num_computed_tokens - n
+            if req.num_preemptions > 0:
+                ev["resumed admissions"] += 1
+            if hit and req.num_tokens % bs == 0 and hit == req.num_tokens - bs:
+                ev["block-aligned prompts hit up to their last block"] += 1
         rec = SchedRecord(
             tuple(scheduled),
             tuple(r.request_id for r, s in zip(step.reqs, step.samples, strict=True) if s),
@@ -145,6 +165,9 @@ class OursSide:
 
     def update(self, step: ScheduledStep) -> UpdateRecord:
         self._clock += 1
+        for req, sample in zip(step.reqs, step.samples, strict=True):
+            if sample and req.status == RequestStatus.PREEMPTED:
+                self.events["outputs of requests preempted in flight"] += 1
         finished = self.sched.update_from_output(step, self._clock)
         for req in finished:
             self._table_len.pop(req.index, None)
@@ -164,6 +187,9 @@ class OursSide:
         of block ids sharing a hash (in lookup order), sorted."""
         pool = self.kv.pool
         groups = sorted(tuple(ids) for ids in pool.cached.values())
+        widest = max((len(g) for g in groups), default=0)
+        if widest > self.events["max duplicate-hash blocks"]:
+            self.events["max duplicate-hash blocks"] = widest
         return tuple(pool.ref_cnt[1:]), tuple(groups)
 
     def prefix_stats(self) -> tuple[int, int]:

@@ -138,7 +138,8 @@ def fuzz_workload(seed: int) -> tuple[dict[str, object], list[RequestSpec]]:
 
     Settings: block size 8/16/32, token budget 16–512, ``max_num_seqs`` 1–64 (at most the
     budget), ``long_prefill_token_threshold`` 0/8/24/100, full-ISL gate on/off, async on/off,
-    ``max_model_len`` 4096 or 256. Requests (20–60) arrive in bursts; each prompt is one of
+    ``max_model_len`` 4096 or 256, prefix caching off in ~15 % of seeds, chunked prefill off
+    in ~20 % of seeds with a budget of 64 or more (``max_model_len`` = budget then). Requests (20–60) arrive in bursts; each prompt is one of
     a few shared prefixes (of any length, block-aligned or not) plus a random tail, or an
     exact repeat of an earlier prompt; outputs are 1–40 tokens. The block count lies between
     what the longest request needs alone and four times that, so pressure varies from none
@@ -149,6 +150,10 @@ def fuzz_workload(seed: int) -> tuple[dict[str, object], list[RequestSpec]]:
     budget = rng.choice([16, 32, 64, 128, 512])
     seqs = min(budget, rng.choice([1, 2, 4, 16, 64]))
     max_len = rng.choice([4096, 4096, 256])
+    caching = rng.random() < 0.85
+    chunked = not (budget >= 64 and rng.random() < 0.2)
+    if not chunked:
+        max_len = budget  # vLLM requires max_num_batched_tokens >= max_model_len then
     prefixes = [
         [rng.randrange(100, 32000) for _ in range(rng.randint(1, 200))]
         for _ in range(rng.randint(1, 4))
@@ -185,6 +190,8 @@ def fuzz_workload(seed: int) -> tuple[dict[str, object], list[RequestSpec]]:
         "long_prefill_token_threshold": rng.choice([0, 0, 8, 24, 100]),
         "reserve_full_isl": rng.random() < 0.6,
         "async_scheduling": rng.random() < 0.5,
+        "enable_chunked_prefill": chunked,
+        "enable_prefix_caching": caching,
     }
     return settings, specs
 
@@ -293,6 +300,13 @@ def full_cases() -> list[Case]:
             Case(f"llama-maxlen1024-{tag}", "llama-short",
                  _cfg(3000, max_model_len=1024, async_scheduling=asyn),
                  free_queue_every=10, what="max_model_len 1024: outputs capped by the length"),
+            Case(f"llama-nochunk-{tag}", "llama-short",
+                 _cfg(3000, max_model_len=1024, max_num_batched_tokens=1024,
+                      enable_chunked_prefill=False, async_scheduling=asyn),
+                 free_queue_every=10, what="chunked prefill off (budget = max_model_len 1024)"),
+            Case(f"llama-nocache-tight400-{tag}", "llama",
+                 _cfg(400, enable_prefix_caching=False, async_scheduling=asyn),
+                 free_queue_every=1, what="prefix caching off, 400 blocks"),
             Case(f"qwen32-seqs16-tight380-{tag}", "qwen32",
                  _cfg(380, max_num_seqs=16, max_num_batched_tokens=512, async_scheduling=asyn),
                  limit=100, free_queue_every=1, what="16 seqs, budget 512, 380 blocks"),

@@ -197,6 +197,8 @@ def run_case(
             "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
             "reserve_full_isl": cfg.reserve_full_isl,
             "async": cfg.async_scheduling,
+            "enable_chunked_prefill": cfg.enable_chunked_prefill,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
             "num_blocks": cfg.num_blocks,
         }
         for key, want in wanted.items():

@@ -50,6 +50,14 @@ def _settings(case: Case) -> str:
         parts.append(f"lpt {c.long_prefill_token_threshold}")
     if not c.reserve_full_isl:
         parts.append("full-ISL off")
+    if not c.enable_chunked_prefill:
+        parts.append("chunked prefill off")
+    if not c.enable_prefix_caching:
+        parts.append("prefix caching off")
+    if c.max_model_len not in (131072, 40960):
+        parts.append(f"max_model_len {c.max_model_len}")
+    if c.block_size != 16:
+        parts.append(f"block {c.block_size}")
     parts.append("async" if c.async_scheduling else "sync")
     return ", ".join(parts)
 
@@ -119,7 +127,8 @@ COVERAGE = """\
 ## What this covers, and what it does not
 
 Covered (vLLM 0.19.1 paths exercised by the cases above): FCFS two-phase scheduling with
-chunked prefill; the token budget split and partial last chunks; `max_num_seqs`;
+chunked prefill, and without it (a prompt that does not fit the remaining budget stops
+admission); the token budget split and partial last chunks; prefix caching off; `max_num_seqs`;
 `long_prefill_token_threshold` on running and waiting requests; `max_model_len` caps
 (`max_model_len − 1 − num_computed_tokens` and LENGTH_CAPPED finishes); recompute
 preemption from the tail of `running`, several victims per request and self-preemption; no
@@ -129,11 +138,11 @@ filled with output tokens (multi-turn), same-step sharing, duplicate cached bloc
 blocks on the free list counted against free capacity, LRU eviction on allocation,
 tail-first frees; the null block; usage; prefix-cache query/hit statistics (including
 repeated lookups of blocked requests); requests that finish on their first token; block
-sizes 8, 16 and 32; `AsyncScheduler` with its placeholders, the max-tokens skip rule,
+sizes 8, 16 and 32 (the `fuzz-*` cases: 200 random small configurations and streams); `AsyncScheduler` with its placeholders, the max-tokens skip rule,
 outputs of requests preempted in flight, and the depth-2 batch queue.
 
 Not covered (our engine does not model these, or the harness does not drive them):
-the `priority` policy; chunked prefill off; speculative decoding; KV connectors
+the `priority` policy; speculative decoding; KV connectors
 (offloading, LMCache, P/D); EOS or stop-token finishes (the replays use `ignore_eos`
 semantics: every request runs to its recorded output length); aborts; structured output;
 encoder/multimodal inputs; hybrid/sliding-window KV groups. The harness drives our

@@ -39,6 +39,8 @@ class SchedConfig:
     long_prefill_token_threshold: int = 0
     reserve_full_isl: bool = True
     async_scheduling: bool = False
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +93,9 @@ class OursSide:
 
     def __init__(self, cfg: SchedConfig) -> None:
         self.cfg = cfg
-        self.kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.max_model_len, True)
+        self.kv = KVCacheManager(
+            cfg.num_blocks, cfg.block_size, cfg.max_model_len, cfg.enable_prefix_caching
+        )
         self.sched = Scheduler(
             self.kv,
             max_num_seqs=cfg.max_num_seqs,
@@ -100,6 +104,7 @@ class OursSide:
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
             reserve_full_isl=cfg.reserve_full_isl,
             async_scheduling=cfg.async_scheduling,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
         )
         self.requests: list[OurRequest] = []
         self._table_len: dict[int, int] = {}
@@ -115,7 +120,9 @@ class OursSide:
 
     def add(self, spec: RequestSpec) -> None:
         full_token_ids(spec)  # same precondition as the vLLM side
-        req = OurRequest(spec, len(self.requests), self.cfg.block_size, True)
+        req = OurRequest(
+            spec, len(self.requests), self.cfg.block_size, self.cfg.enable_prefix_caching
+        )
         self.requests.append(req)
         self.sched.add_request(req)
 
@@ -300,13 +307,15 @@ class VllmSide:
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=cfg.max_model_len,
             is_encoder_decoder=False,
-            enable_chunked_prefill=True,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
             async_scheduling=cfg.async_scheduling,
             scheduler_reserve_full_isl=cfg.reserve_full_isl,
             policy="fcfs",
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
         )
-        cache = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True)
+        cache = CacheConfig(
+            block_size=cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching
+        )
         vcfg = VllmConfig(
             model_config=model,
             scheduler_config=sched_cfg,
@@ -336,7 +345,12 @@ class VllmSide:
         )
         self.effective = self._effective_settings()
         init_none_hash(sha256)
-        self._hasher = get_request_block_hasher(cfg.block_size, sha256)
+        # vLLM's EngineCore gives requests a block hasher only when prefix caching is on.
+        self._hasher = (
+            get_request_block_hasher(cfg.block_size, sha256)
+            if cfg.enable_prefix_caching
+            else None
+        )
         self.requests: dict[str, Any] = {}
         self._tokens: dict[str, tuple[int, ...]] = {}
         self._table_len: dict[str, int] = {}
@@ -354,6 +368,8 @@ class VllmSide:
             "long_prefill_token_threshold": s.scheduler_config.long_prefill_token_threshold,
             "reserve_full_isl": s.scheduler_config.scheduler_reserve_full_isl,
             "async": type(s).__name__ == "AsyncScheduler",
+            "enable_chunked_prefill": s.scheduler_config.enable_chunked_prefill,
+            "enable_prefix_caching": s.cache_config.enable_prefix_caching,
             "num_blocks": s.kv_cache_manager.block_pool.num_gpu_blocks,
         }
 

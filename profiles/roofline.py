@@ -77,9 +77,16 @@ def kernel_time_us(
     if peak <= 0 or hardware.hbm_bw_gbs <= 0:
         raise ConfigError(f"hardware '{hardware.name}' needs peak_bf16_tflops and hbm_bw_gbs > 0")
     compute = work.flops / (peak * 1e6 * f.eff_compute)  # TFLOP/s -> FLOP/us
+    if f.ramp_gflop > 0:
+        compute = compute * (1.0 + f.ramp_gflop * 1e9 / np.maximum(work.flops, 1.0))
     nbytes = work.bytes
-    if work.gqa_extra_bytes is not None and f.mixed_gqa_share > 0:
-        nbytes = nbytes + f.mixed_gqa_share * work.gqa_extra_bytes
+    if work.gqa_extra_bytes is not None:
+        share = np.full_like(nbytes, f.mixed_gqa_share)
+        if work.gqa_set_bytes is not None and f.mixed_cache_mb > 0:
+            with np.errstate(divide="ignore"):
+                spill = 1.0 - f.mixed_cache_mb * 1e6 / work.gqa_set_bytes
+            share = np.maximum(share, np.clip(spill, 0.0, 1.0))
+        nbytes = nbytes + share * work.gqa_extra_bytes
     bandwidth = hardware.hbm_bw_gbs * 1e3 * f.eff_memory  # GB/s -> B/us
     if f.cache_boost > 0:
         bandwidth = bandwidth * (1.0 + f.cache_boost * np.exp(-nbytes / (f.cache_mb * 1e6)))
@@ -100,6 +107,8 @@ def kernel_time_us(
     t = launch + body
     if work.sequences is not None:
         t = t + per_seq * work.sequences
+    if work.empty_blocks is not None:
+        t = t + f.empty_block_ns * 1e-3 * work.empty_blocks
     for part, mask in work.floors:
         t = np.where(mask, np.maximum(t, kernel_time_us(part, f, hardware, fp8_compute)), t)
     return t

@@ -13,6 +13,7 @@ activation dtype (vLLM's fp8 schemes leave them unquantised).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +21,7 @@ import numpy as np
 from engine.specs import ConfigError, ModelSpec
 
 ACT_BYTES = 2.0  # bf16/fp16 activations
+Q_TILE = 128  # query rows per thread block of the varlen (prefill) attention kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,12 @@ class Work:
     # Attention only: extra KV bytes if decodes batched with a prefill re-read K/V once per
     # query head instead of once per KV head (the non-split varlen path); scaled by a factor.
     gqa_extra_bytes: np.ndarray | None = None
+    # Attention only: K+V bytes of the decodes for one KV head (the set the query heads of a
+    # group re-read; it is re-read from HBM once it outgrows the on-chip cache).
+    gqa_set_bytes: np.ndarray | None = None
+    # Attention only: thread blocks launched for decodes beyond their one query tile (the
+    # varlen grid is sized by the longest query, the prefill chunk) that exit at once.
+    empty_blocks: np.ndarray | None = None
     # Attention only: rows without a prefill chunk, which run the split-KV decode kernel.
     decode_only: np.ndarray | None = None
     # Lower bounds: (work, mask) pairs; where mask is true the row takes at least that work's
@@ -192,10 +200,7 @@ def attention_work(
     prefill_part = attention_call_work(s, p, pc, kp, zero, zero)
     decode_part = attention_call_work(s, p, zero, zero, nd, kv)
     mixed = (pc > 0) & (nd > 0)
-    return Work(
-        full.flops, full.bytes, full.serial_keys, full.sequences, full.gqa_extra_bytes,
-        full.decode_only, floors=((prefill_part, mixed), (decode_part, mixed)),
-    )
+    return dataclasses.replace(full, floors=((prefill_part, mixed), (decode_part, mixed)))
 
 
 def attention_call_work(
@@ -228,9 +233,13 @@ def attention_call_work(
     serial = np.where(pc > 0, longest * (d / 128.0), 0.0)
     sequences = nd + (pc > 0)
     group = s.heads / s.kv_heads
-    gqa_extra = np.where(pc > 0, kv_row * nd * (kv + 1.0) * (group - 1.0), 0.0)
+    mixed = pc > 0
+    gqa_extra = np.where(mixed, kv_row * nd * (kv + 1.0) * (group - 1.0), 0.0)
+    gqa_set = np.where(mixed, kv_row / s.kv_heads * nd * (kv + 1.0), 0.0)
+    q_tiles = np.ceil(pc / Q_TILE)
+    empty = np.where(mixed, nd * np.maximum(q_tiles - 1.0, 0.0) * s.heads, 0.0)
     return Work(flops, nbytes, serial_keys=serial, sequences=sequences, gqa_extra_bytes=gqa_extra,
-                decode_only=pc == 0)
+                gqa_set_bytes=gqa_set, empty_blocks=empty, decode_only=pc == 0)
 
 
 def moe_work(s: RankShape, p: Precision, tokens: np.ndarray, activated: np.ndarray) -> Work:

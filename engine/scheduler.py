@@ -51,8 +51,12 @@ class Scheduler:
         reserve_full_isl: bool = True,
         async_scheduling: bool = False,
         enable_chunked_prefill: bool = True,
+        pipeline_parallel: bool = False,
     ) -> None:
         self.kv = kv
+        # vLLM 0.19 runs async scheduling with PP only if no request has two tokens in flight
+        # (vllm-project/vllm#32359): a request waiting for its sampled token is skipped.
+        self.one_token_in_flight = pipeline_parallel and async_scheduling
         self.chunked_prefill = enable_chunked_prefill
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
@@ -99,8 +103,11 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             ph = req.num_output_placeholders
-            if ph > 0 and req.num_computed_tokens + 2 - ph >= req.prompt_len + req.max_tokens:
-                i += 1  # async: certainly at max_tokens already, no wasted step
+            if ph > 0 and (
+                self.one_token_in_flight
+                or req.num_computed_tokens + 2 - ph >= req.prompt_len + req.max_tokens
+            ):
+                i += 1  # async: certainly at max_tokens already (or PP: a token in flight)
                 continue
             n = req.num_tokens + ph - req.num_computed_tokens
             if 0 < thr < n:

@@ -98,6 +98,7 @@ def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
         reserve_full_isl=config.reserve_full_isl,
         async_scheduling=config.async_scheduling,
         enable_chunked_prefill=config.enable_chunked_prefill,
+        pipeline_parallel=pp > 1,
     )
     return Member(spec.name, sched, spec.latency, spec.role), cap, max_model_len
 

@@ -83,6 +83,6 @@ class EngineConfig:
     # (t_gpu = the step's priced time), i.e. the full cost for a tiny step, none for a step of
     # ``step_overhead_hidden_ms`` or longer (0 = never hidden: a constant cost per step).
     # Calibrated on the RTX PRO 6000 vLLM 0.19 runs (docs/validation.md).
-    step_overhead_us: float = 2500.0
-    step_overhead_hidden_ms: float = 35.0
+    step_overhead_us: float = 1000.0
+    step_overhead_hidden_ms: float = 60.0
     extra: dict[str, object] = field(default_factory=dict)

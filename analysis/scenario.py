@@ -1,0 +1,219 @@
+"""Run an LLMServingSim cluster config (``configs/cluster/*.json``) unchanged on our engine.
+
+``build_reference_cluster`` turns a parsed :class:`analysis.groundtruth.ClusterSpec` into engine
+:class:`~engine.simulate.InstanceSpec` objects: the reference's parallelism inference, its 14
+per-instance runtime overrides on top of the run-wide engine settings, hardware from our
+catalog (memory size and bandwidth from the config), a communication-aware latency model per
+instance (``profiles.parallel``), the P/D KV hand-off, DP padding, and the prefix-cache tier below
+the NPU (``prefix_storage`` CPU or CXL, private or shared as ``--enable-prefix-sharing``).
+
+Deliberate differences from the reference (docs/validation.md): a lower-tier recall is priced at
+the tier's own bandwidth (the reference bills CPU bandwidth even for CXL); weights placed on CXL
+or host memory stream from there every step (``profiles.placement``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from analysis.groundtruth import ClusterSpec, InstanceSpec, load_cluster_config
+from astra_bridge.memory import MemoryTier, TierKind
+from engine.kv_tiers import KVTierPool, SharedTierPools, chunk_tokens_for
+from engine.memory import kv_capacity
+from engine.simulate import InstanceSpec as EngineInstance
+from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
+from profiles.catalog import list_hardware, load_hardware, load_model, model_from_hf_config
+from profiles.parallel import (
+    cluster_kv_transfer,
+    latency_for_instance,
+    layout_for_instance,
+    pad_dp_group,
+)
+from profiles.placement import WeightPlacement, placement_for_instance
+
+UNLIMITED = 1 << 30  # the reference maps 0 to "no limit" for max_num_seqs / batched tokens
+
+# The reference's per-instance runtime overrides we honour, and the EngineConfig field each sets.
+_OVERRIDES = {
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "reserve_full_isl": "reserve_full_isl",
+    "block_size": "block_size",
+    "kv_cache_dtype": "kv_cache_dtype",
+}
+# Reference features that change timing and that we do not model: refuse rather than ignore.
+_UNSUPPORTED = ("enable_local_offloading", "enable_attn_offloading", "enable_sub_batch_interleaving")
+
+
+@dataclass(slots=True)
+class ClusterBuild:
+    """Everything ``engine.simulate_cluster`` needs for one reference scenario."""
+
+    instances: list[EngineInstance]
+    kv_transfer_ns: Any
+    dp_pad: Any
+    pools: SharedTierPools
+    notes: list[str]
+
+
+def _model(name: str, model_configs: Path | None) -> ModelSpec:
+    try:
+        return load_model(name)
+    except ConfigError:
+        if model_configs is not None:
+            path = model_configs / f"{name}.json"
+            if path.is_file():
+                return model_from_hf_config(path, name=name)
+        raise
+
+
+def _hardware(inst: InstanceSpec) -> HardwareSpec:
+    mem = inst.npu_mem
+    if inst.hardware in list_hardware():
+        hw = load_hardware(inst.hardware)
+        return replace(hw, name=inst.hardware, mem_gib=float(mem.mem_size), hbm_bw_gbs=float(mem.mem_bw))
+    return HardwareSpec(inst.hardware, float(mem.mem_size), float(mem.mem_bw), 0.0, 0.0)
+
+
+def _engine_config(inst: InstanceSpec, model: ModelSpec, base: EngineConfig, layout: Any) -> EngineConfig:
+    ov = inst.overrides
+    for key in _UNSUPPORTED:
+        if ov.get(key):
+            raise ConfigError(f"instance override {key}=true is not supported by servesweep")
+    cfg = base
+    for key, field in _OVERRIDES.items():
+        if key in ov:
+            cfg = replace(cfg, **{field: ov[key]})
+    if cfg.max_num_seqs == 0:
+        cfg = replace(cfg, max_num_seqs=UNLIMITED)
+    if cfg.max_num_batched_tokens == 0:
+        cfg = replace(cfg, max_num_batched_tokens=model.max_position_embeddings)
+    if inst.npu_mem.mem_util is not None:
+        cfg = replace(cfg, gpu_memory_utilization=float(inst.npu_mem.mem_util))
+    if "dtype" in ov and ov["dtype"] != model.dtype:
+        model = replace(model, dtype=ov["dtype"])
+    return replace(
+        cfg,
+        tensor_parallel_size=layout.tp,
+        pipeline_parallel_size=layout.pp,
+        expert_parallel_size=layout.ep if model.is_moe else 1,
+    )
+
+
+def build_reference_cluster(
+    cluster: ClusterSpec,
+    profiles_root: str | Path,
+    *,
+    base: EngineConfig | None = None,
+    prefix_storage: str | None = None,
+    prefix_sharing: bool = False,
+    model_configs: str | Path | None = None,
+    streamed_pd: bool = False,
+) -> ClusterBuild:
+    """Engine instances for a reference cluster config (see the module docstring)."""
+    base = base or EngineConfig()
+    storage = (prefix_storage or "none").lower()
+    if storage not in ("none", "cpu", "cxl"):
+        raise ConfigError(f"prefix_storage={prefix_storage!r}; use None, 'CPU' or 'CXL'")
+    if storage == "cxl" and cluster.cxl_mem is None:
+        raise ConfigError("prefix_storage='CXL' needs a cxl_mem block in the cluster config")
+    mc = Path(model_configs) if model_configs else None
+    pools = SharedTierPools()
+    notes: list[str] = []
+    all_insts = cluster.instances
+    out: list[EngineInstance] = []
+    index = 0
+    for node_id, node in enumerate(cluster.nodes):
+        if node.power is not None:
+            notes.append(f"node {node_id}: power modelling is not supported; timing is unaffected")
+        if node.cpu_mem.pim_config:
+            notes.append(
+                f"node {node_id}: cpu_mem.pim_config ignored (PIM attention offloading is off "
+                "unless enabled, and servesweep does not model it)"
+            )
+        for inst in node.instances:
+            name = f"instance{index}"
+            model = _model(inst.model_name, mc)
+            layout = layout_for_instance(inst, all_insts, model)
+            hw = _hardware(inst)
+            cfg = _engine_config(inst, model, base, layout)
+            if "dtype" in inst.overrides:
+                model = replace(model, dtype=inst.overrides["dtype"])
+            placement: WeightPlacement | None = placement_for_instance(
+                inst.placement, cluster, node_id, model, tp=layout.tp, pp=layout.pp
+            )
+            latency: Any = latency_for_instance(
+                profiles_root,
+                model,
+                tp=layout.tp,
+                pp=layout.pp,
+                ep=layout.ep,
+                dp=layout.dp,
+                link_bw_gbs=cluster.link_bw,
+                link_latency_ns=cluster.link_latency,
+                hardware=hw,
+                local_mem_bw_gbs=float(inst.npu_mem.mem_bw),
+                host_mem_bw_gbs=float(node.cpu_mem.mem_bw),
+                kv_cache_dtype=cfg.kv_cache_dtype,
+                pd=inst.pd_type == "prefill",
+            )
+            if placement is not None and placement.streams:
+                latency = placement.wrap(latency)
+                notes.append(f"{name}: {placement.describe()}")
+            tiers: list[KVTierPool] = []
+            if storage != "none":
+                if not cfg.enable_prefix_caching:
+                    raise ConfigError(
+                        f"{name}: prefix_storage={prefix_storage} needs prefix caching on"
+                    )
+                cap = kv_capacity(model, hw, cfg)
+                bpt = cap.bytes_per_block // cfg.block_size * layout.tp * layout.pp
+                if storage == "cpu":
+                    mem = node.cpu_mem
+                    tier = MemoryTier(TierKind.HOST_DRAM, float(mem.mem_bw), float(mem.mem_latency))
+                    scope = ("cpu", node_id) if prefix_sharing else ("cpu-private", index)
+                else:
+                    mem = cluster.cxl_mem
+                    assert mem is not None
+                    tier = MemoryTier(TierKind.CXL, float(mem.mem_bw), float(mem.mem_latency))
+                    scope = ("cxl", 0) if prefix_sharing else ("cxl-private", index)
+                tiers.append(
+                    pools.get(
+                        scope,
+                        tier,
+                        capacity_bytes=int(float(mem.mem_size) * 2**30),
+                        chunk_tokens=chunk_tokens_for(cfg.block_size),
+                        kv_bytes_per_token=bpt,
+                    )
+                )
+            role = {None: "colocated", "prefill": "prefill", "decode": "decode"}[inst.pd_type]
+            out.append(
+                EngineInstance(
+                    name,
+                    model,
+                    hw,
+                    cfg,
+                    latency,
+                    role=role,
+                    dp_group=inst.dp_group,
+                    tiers=tiers,
+                    recall_requesters=layout.tp * layout.pp,
+                )
+            )
+            index += 1
+    return ClusterBuild(
+        instances=out,
+        kv_transfer_ns=cluster_kv_transfer(streamed=streamed_pd),
+        dp_pad=pad_dp_group,
+        pools=pools,
+        notes=notes,
+    )
+
+
+def load_reference_cluster(path: str | Path, profiles_root: str | Path, **kwargs: Any) -> ClusterBuild:
+    return build_reference_cluster(load_cluster_config(path), profiles_root, **kwargs)

@@ -40,7 +40,8 @@ SUMMARY_KEYS = (
 
 
 def task(cfg: DictConfig) -> dict[str, Any]:
-    """Simulate the point described by ``cfg``; record it too when not in a multirun."""
+    """Simulate the point described by ``cfg`` (plus its time-series plot when
+    ``tracking.plots``); record it too when not in a multirun."""
     from sweep.job import run_point
 
     hydra_cfg = HydraConfig.get()
@@ -51,6 +52,11 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         except ConfigError as err:  # one clear message instead of a traceback
             raise SystemExit(f"Invalid config; nothing was run.\n{err}") from None
     result = run_point(cfg)
+    if cfg.tracking.plots and result["timeseries"].get("t_s"):
+        from sweep.plots import timeseries_png
+
+        title = " ".join(hydra_cfg.overrides.task) or str(cfg.study.name)
+        result["timeseries_png"] = timeseries_png(result["timeseries"], title)
     if single:
         from sweep.recorder import SweepRecorder
 

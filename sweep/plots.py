@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -12,10 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
-def timeseries_plot(series: Mapping[str, Sequence[float]], path: Path, title: str) -> Path:
-    """Running/waiting requests, KV-cache usage and token throughput over simulated time."""
+def timeseries_png(series: Mapping[str, Sequence[float]], title: str) -> bytes:
+    """Running/waiting requests, KV-cache usage and token throughput over simulated time,
+    as PNG bytes (rendered where the job runs, so the driver only stores it)."""
     t = list(series.get("t_s", []))
     fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.94, bottom=0.08, hspace=0.12)
     axes[0].plot(t, series.get("running", []), label="running")
     axes[0].plot(t, series.get("waiting", []), label="waiting")
     axes[0].set_ylabel("requests")
@@ -29,10 +32,10 @@ def timeseries_plot(series: Mapping[str, Sequence[float]], path: Path, title: st
     axes[2].set_xlabel("simulated time (s)")
     axes[2].legend(loc="upper right")
     axes[0].set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=72)
     plt.close(fig)
-    return path
+    return buf.getvalue()
 
 
 def study_plot(

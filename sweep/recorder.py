@@ -5,7 +5,9 @@ and is also used by a single ``python -m sweep`` run. For a sweep it opens a par
 run, logs one child run per grid point as results arrive (flattened config as params, the
 metrics, the per-second time series as step metrics, the per-request Parquet, the resolved
 config and a plot as artifacts) and at the end writes ``results.parquet`` (one row per
-point: config columns + metrics) into the sweep directory.
+point: config columns + metrics) into the sweep directory. Job files are written at once;
+MLflow calls go through one background writer thread (still one process, one writer), so
+the launcher's dispatch loop never waits on the store.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,8 @@ class SweepRecorder:
         )
         self.tracker: Any = None
         self.parent_id: str | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
+        self._logging: list[tuple[dict[str, Any], Future[str]]] = []
 
     # --------------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -141,7 +146,7 @@ class SweepRecorder:
         }
         (out_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(point)))
         if ok:
-            files = self._write_outputs(out_dir, value, overrides)
+            files = self._write_outputs(out_dir, value)
             row.update(value["metrics"])
         else:
             row["error"] = _error_text(value)
@@ -149,15 +154,22 @@ class SweepRecorder:
             files = [out_dir / "error.txt"]
         files.append(out_dir / "config_resolved.yaml")
         if self.tracker is not None:
-            try:
-                row["mlflow_run_id"] = self._log_run(idx, params, overrides, value if ok else None,
-                                                     files, ok)
-            except Exception:  # a tracking hiccup must not lose the other results
-                log.exception(f"MLflow logging of job #{idx} failed; its row is still written")
+            # One writer thread: the launcher goes back to dispatching jobs at once.
+            future = self._writer.submit(
+                self._log_run, idx, params, overrides, value if ok else None, files, ok
+            )
+            self._logging.append((row, future))
         self.rows.append(row)
 
     def close(self, status: str) -> Path:
         """Write the results table (and the study plot); end the parent run with ``status``."""
+        for row, future in self._logging:
+            try:
+                row["mlflow_run_id"] = future.result()
+            except Exception:  # a tracking hiccup must not lose the other results
+                log.exception(f"MLflow logging of job #{row['job']} failed; its row is kept")
+        self._logging.clear()
+        self._writer.shutdown()
         self.rows.sort(key=lambda r: r["job"])
         meta = {
             "study": self.study,
@@ -198,7 +210,7 @@ class SweepRecorder:
         subdir = OmegaConf.select(cfg, "hydra.sweep.subdir") if "hydra" in cfg else None
         return self.sweep_dir / str(subdir) if subdir is not None else self.sweep_dir
 
-    def _write_outputs(self, out_dir: Path, value: dict[str, Any], overrides: list[str]) -> list[Path]:
+    def _write_outputs(self, out_dir: Path, value: dict[str, Any]) -> list[Path]:
         files = []
         (out_dir / "metrics.json").write_text(json.dumps(value["metrics"], indent=1, sort_keys=True))
         files.append(out_dir / "metrics.json")
@@ -209,11 +221,9 @@ class SweepRecorder:
         if series:
             pd.DataFrame(series).to_parquet(out_dir / "timeseries.parquet", index=False)
             files.append(out_dir / "timeseries.parquet")
-        if self.tracking.get("plots") and series:
-            from sweep.plots import timeseries_plot
-
-            title = " ".join(overrides) or str(self.study["name"])
-            files.append(timeseries_plot(series, out_dir / "timeseries.png", title))
+        if value.get("timeseries_png"):
+            (out_dir / "timeseries.png").write_bytes(value["timeseries_png"])
+            files.append(out_dir / "timeseries.png")
         return files
 
     def _log_run(self, idx: int, params: dict[str, Any], overrides: list[str],

@@ -56,15 +56,20 @@ class ActorSet:
         """Yield one ``Outcome`` per ``(key, item)`` in completion order."""
         pending = deque(items)
         running: dict[Any, _Running] = {}
-        while pending or running:
+
+        def fill() -> None:
             while pending and self._idle:
                 key, item = pending.popleft()
                 actor = self._idle.popleft()
                 running[submit(actor, item)] = _Running(key, actor, time.monotonic())
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=self._poll)
-            for ref in ready:
-                job = running.pop(ref)
-                yield self._collect(ref, job)
+
+        while pending or running:
+            fill()
+            ready, rest = ray.wait(list(running), num_returns=1, timeout=self._poll)
+            if ready and rest:  # take everything else that is already finished, too
+                more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
+            done = [self._collect(ref, running.pop(ref)) for ref in ready]
             if self._timeout is not None:
                 now = time.monotonic()
                 for ref, job in list(running.items()):
@@ -72,7 +77,10 @@ class ActorSet:
                         running.pop(ref)
                         ray.kill(job.actor)
                         self._replace(job.actor)
-                        yield Outcome(job.key, error=f"timed out after {self._timeout:g} s")
+                        done.append(Outcome(job.key, error=f"timed out after {self._timeout:g} s"))
+            # Refill before handing results out: actors compute while the caller records.
+            fill()
+            yield from done
 
     def _collect(self, ref: Any, job: _Running) -> Outcome:
         try:

@@ -61,7 +61,9 @@ class ClusterBuild:
     notes: list[str]
 
 
-def _model(name: str, model_configs: Path | None) -> ModelSpec:
+def _model(name: str, model_configs: Path | None, models: dict[str, ModelSpec]) -> ModelSpec:
+    if name in models:
+        return models[name]
     try:
         return load_model(name)
     except ConfigError:
@@ -113,9 +115,14 @@ def build_reference_cluster(
     prefix_storage: str | None = None,
     prefix_sharing: bool = False,
     model_configs: str | Path | None = None,
+    models: dict[str, ModelSpec] | None = None,
     streamed_pd: bool = False,
 ) -> ClusterBuild:
-    """Engine instances for a reference cluster config (see the module docstring)."""
+    """Engine instances for a reference cluster config (see the module docstring).
+
+    ``models`` maps model names to specs that take precedence over the catalog;
+    ``model_configs`` is a folder of HF configs (``<org>/<name>.json``) for models the catalog
+    lacks."""
     base = base or EngineConfig()
     storage = (prefix_storage or "none").lower()
     if storage not in ("none", "cpu", "cxl"):
@@ -138,7 +145,7 @@ def build_reference_cluster(
             )
         for inst in node.instances:
             name = f"instance{index}"
-            model = _model(inst.model_name, mc)
+            model = _model(inst.model_name, mc, models or {})
             layout = layout_for_instance(inst, all_insts, model)
             hw = _hardware(inst)
             cfg = _engine_config(inst, model, base, layout)

@@ -21,12 +21,12 @@ from typing import Any
 
 from analysis.groundtruth import GroundTruth, engine_settings, load_groundtruth
 from analysis.metrics import VALIDATION_METRICS, compare, compute_metrics, format_comparison
-from engine import simulate
+from analysis.scenario import ClusterBuild, build_reference_cluster
 from engine.memory import kv_capacity
-from engine.specs import GIB, ConfigError, EngineConfig, HardwareSpec, ModelSpec
-from profiles.bundle import load_bundle, variant_name
-from profiles.catalog import list_hardware, load_hardware, load_model, model_from_hf_config
-from profiles.parallel import latency_for_instance
+from engine.results import SimulationResult
+from engine.simulate import simulate_cluster
+from engine.specs import GIB, ConfigError, EngineConfig, ModelSpec
+from profiles.catalog import model_from_hf_config
 from workloads import read_jsonl
 
 
@@ -37,53 +37,36 @@ class ValidationRun:
     report: dict[str, Any]
     table_text: str
     kv_lines: list[str]
+    result: SimulationResult
 
 
-def _hardware_for(gt: GroundTruth) -> HardwareSpec:
-    inst = gt.cluster.instances[0]
-    mem = inst.npu_mem
-    if inst.hardware in list_hardware():
-        hw = load_hardware(inst.hardware)
-        # The run's own memory figure is authoritative for the KV capacity.
-        return replace(hw, mem_gib=float(mem.mem_size), hbm_bw_gbs=float(mem.mem_bw or hw.hbm_bw_gbs))
-    return HardwareSpec(
-        name=inst.hardware,
-        mem_gib=float(mem.mem_size),
-        hbm_bw_gbs=float(mem.mem_bw),
-        peak_bf16_tflops=0.0,
-        peak_fp8_tflops=0.0,
-    )
-
-
-def _model_for(gt: GroundTruth, model_config: str | None) -> ModelSpec:
-    name = gt.cluster.instances[0].model_name
-    if model_config:
-        return model_from_hf_config(model_config, name=name)
-    try:
-        return load_model(name)
-    except ConfigError as exc:
-        raise ConfigError(
-            f"{exc}; or pass --model-config with the model's HF config.json"
-        ) from None
-
-
-def build_config(gt: GroundTruth, settings: dict[str, Any], base: EngineConfig) -> EngineConfig:
-    if settings["dp"] != 1 or len(gt.cluster.instances) != 1:
-        raise ConfigError(
-            f"{gt.path}: data_parallel_size={settings['dp']} with "
-            f"{len(gt.cluster.instances)} instance(s): multi-instance / data-parallel "
-            "validation is not yet supported (single instance only)"
-        )
+def base_config(settings: dict[str, Any], base: EngineConfig) -> EngineConfig:
+    """The run-wide engine settings vLLM recorded; parallelism comes from the cluster file."""
     return replace(
         base,
         max_num_seqs=settings["max_num_seqs"],
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         gpu_memory_utilization=settings["mem_util"],
-        tensor_parallel_size=settings["tp"],
         kv_cache_dtype=settings["kv_cache_dtype"],
         max_model_len=settings.get("max_model_len"),
         num_gpu_blocks_override=settings.get("num_gpu_blocks"),
     )
+
+
+def _check_parallelism(gt: GroundTruth, settings: dict[str, Any], build: ClusterBuild) -> None:
+    """The cluster file and vLLM's engine kwargs must describe the same deployment."""
+    n = len(build.instances)
+    tp = {i.config.tensor_parallel_size for i in build.instances}
+    if tp != {settings["tp"]}:
+        raise ConfigError(
+            f"{gt.path}: config.json gives tensor parallel {sorted(tp)} but vLLM ran "
+            f"tensor_parallel_size={settings['tp']}; make them agree"
+        )
+    if settings["dp"] > 1 and n != settings["dp"]:
+        raise ConfigError(
+            f"{gt.path}: vLLM ran data_parallel_size={settings['dp']} but config.json has {n} "
+            "instance(s); give one instance per DP rank"
+        )
 
 
 def run_validation(
@@ -96,36 +79,43 @@ def run_validation(
 ) -> ValidationRun:
     gt = load_groundtruth(truth)
     settings = engine_settings(gt)
-    model = _model_for(gt, model_config)
-    hardware = _hardware_for(gt)
-    config = build_config(gt, settings, base or EngineConfig())
-    variant = variant_name(settings["dtype"], settings["kv_cache_dtype"])
-    bundle = load_bundle(profiles, hardware.name, model.name, variant)
-    latency = latency_for_instance(
-        bundle, model, tp=config.tensor_parallel_size,
-        link_bw_gbs=gt.cluster.link_bw, link_latency_ns=gt.cluster.link_latency,
-        hardware=hardware, host_mem_bw_gbs=gt.cluster.nodes[0].cpu_mem.mem_bw,
-        kv_cache_dtype=config.kv_cache_dtype,
-    )
+    config = base_config(settings, base or EngineConfig())
+    models: dict[str, ModelSpec] = {}
+    if model_config:
+        name = gt.cluster.instances[0].model_name
+        models[name] = model_from_hf_config(model_config, name=name)
+    build = build_reference_cluster(gt.cluster, profiles, base=config, models=models)
+    _check_parallelism(gt, settings, build)
     limit = gt.meta.get("num_requests")
     requests = read_jsonl(workload, limit=int(limit) if limit else None)
 
     t0 = time.perf_counter()
-    result = simulate(model, hardware, config, requests, latency)
+    result = simulate_cluster(
+        build.instances, requests, kv_transfer_ns=build.kv_transfer_ns, dp_pad=build.dp_pad
+    )
     sim_metrics = compute_metrics(result.requests)
     wall_s = time.perf_counter() - t0
 
-    cap = result.kv_capacity
-    kv_lines = [cap.describe(f"{hardware.name} {model.name} tp{config.tensor_parallel_size}")]
-    if config.num_gpu_blocks_override is not None:
-        formula = kv_capacity(model, hardware, replace(config, num_gpu_blocks_override=None))
-        kv_lines.append(
-            f"  (vLLM recorded {cap.num_blocks} blocks; our formula gives "
-            f"{formula.num_blocks} blocks = {formula.tokens} tokens, "
-            f"{formula.num_blocks * formula.bytes_per_block / GIB:.2f} GiB/rank)"
+    kv_lines = []
+    for inst in build.instances:
+        cap = result.instance_capacity[inst.name]
+        c = inst.config
+        label = (
+            f"{inst.name}: {inst.hardware.name} {inst.model.name} tp{c.tensor_parallel_size}"
+            f" pp{c.pipeline_parallel_size} ep{c.expert_parallel_size}"
         )
+        kv_lines.append(cap.describe(label))
+        if c.num_gpu_blocks_override is not None:
+            formula = kv_capacity(inst.model, inst.hardware, replace(c, num_gpu_blocks_override=None))
+            kv_lines.append(
+                f"  (vLLM recorded {cap.num_blocks} blocks; our formula gives "
+                f"{formula.num_blocks} blocks = {formula.tokens} tokens, "
+                f"{formula.num_blocks * formula.bytes_per_block / GIB:.2f} GiB/rank)"
+            )
+    cap = result.kv_capacity
     table = compare(sim_metrics, gt.metrics(), VALIDATION_METRICS)
     diffs = table["diff_pct"].abs()
+    first = build.instances[0].config
     report = {
         "truth": str(truth),
         "workload": str(workload),
@@ -140,6 +130,7 @@ def run_validation(
         "preemptions": result.num_preemptions,
         "prefix_hit_tokens": result.prefix_hit_tokens,
         "num_steps": result.num_steps,
+        "instances": len(build.instances),
         "kv_cache": {
             "num_blocks": cap.num_blocks,
             "tokens": cap.tokens,
@@ -147,19 +138,21 @@ def run_validation(
             "formula_num_blocks": cap.formula_num_blocks,
         },
         "engine_config": {
-            "max_num_seqs": config.max_num_seqs,
-            "max_num_batched_tokens": config.max_num_batched_tokens,
-            "gpu_memory_utilization": config.gpu_memory_utilization,
-            "tensor_parallel_size": config.tensor_parallel_size,
-            "async_scheduling": config.async_scheduling,
-            "step_overhead_us": config.step_overhead_us,
-            "step_overhead_hidden_ms": config.step_overhead_hidden_ms,
-            "reserve_full_isl": config.reserve_full_isl,
-            "enable_prefix_caching": config.enable_prefix_caching,
+            "max_num_seqs": first.max_num_seqs,
+            "max_num_batched_tokens": first.max_num_batched_tokens,
+            "gpu_memory_utilization": first.gpu_memory_utilization,
+            "tensor_parallel_size": first.tensor_parallel_size,
+            "pipeline_parallel_size": first.pipeline_parallel_size,
+            "expert_parallel_size": first.expert_parallel_size,
+            "async_scheduling": first.async_scheduling,
+            "step_overhead_us": first.step_overhead_us,
+            "step_overhead_hidden_ms": first.step_overhead_hidden_ms,
+            "reserve_full_isl": first.reserve_full_isl,
+            "enable_prefix_caching": first.enable_prefix_caching,
         },
     }
     title = f"vLLM vs servesweep - {Path(truth).parent.name}/{Path(truth).name}"
-    return ValidationRun(report, format_comparison(table, title), kv_lines)
+    return ValidationRun(report, format_comparison(table, title), kv_lines, result)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -207,12 +207,7 @@ def run_validation(data: Path, cfg: EngineConfig, link_latency_ns: float | None 
 
     ``link_latency_ns`` replaces the cluster config's link latency (sensitivity only).
     """
-    captured = {}
-    real, real_load = V.simulate, V.load_groundtruth
-
-    def keep(*a, **k):
-        captured["r"] = res = real(*a, **k)
-        return res
+    real_load = V.load_groundtruth
 
     def load(path):
         gt = real_load(path)
@@ -220,14 +215,14 @@ def run_validation(data: Path, cfg: EngineConfig, link_latency_ns: float | None 
             return gt
         return replace(gt, cluster=replace(gt.cluster, link_latency=(link_latency_ns,)))
 
-    V.simulate, V.load_groundtruth = keep, load
+    V.load_groundtruth = load
     try:
         run = V.run_validation(data / GT / "Qwen3-32B",
                                lss(data) / "workloads" / "sharegpt-qwen3-32b-300-sps10.jsonl",
                                lss(data) / "profiles", base=cfg)
     finally:
-        V.simulate, V.load_groundtruth = real, real_load
-    return run, captured["r"]
+        V.load_groundtruth = real_load
+    return run, run.result
 
 
 def token_mismatches(data: Path, requests: pd.DataFrame) -> tuple[int, int]:

@@ -31,19 +31,8 @@ WORKLOADS = {
 
 
 def _run(truth: Path, workload: Path, profiles: Path, cfg: EngineConfig):
-    captured = {}
-    real = V.simulate
-
-    def keep(*a, **k):
-        captured["r"] = res = real(*a, **k)
-        return res
-
-    V.simulate = keep
-    try:
-        run = V.run_validation(truth, workload, profiles, base=cfg)
-    finally:
-        V.simulate = real
-    return run, captured["r"]
+    run = V.run_validation(truth, workload, profiles, base=cfg)
+    return run, run.result
 
 
 def main() -> int:

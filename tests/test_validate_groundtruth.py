@@ -37,28 +37,18 @@ def test_llama8b_matches_vllm_within_targets(shared_data: Path) -> None:
     assert r["kv_cache"]["num_blocks"] == 36578  # mem 96 GiB x 0.9 - weights, 16-token blocks
 
 
-def test_reference_clock_reproduces_reference_simulator_token_for_token(
-    shared_data: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_reference_clock_reproduces_reference_simulator_token_for_token(shared_data: Path) -> None:
     """With the reference's clock semantics (synchronous steps, no host overhead) every
     token time equals LLMServingSim's own prediction (peer_sim/sim.csv) to the nanosecond:
     same batches, same per-iteration latency."""
     truth, workload, profiles = _paths(shared_data)
-    captured = {}
-    real = validate_mod.simulate
-
-    def keep(*args, **kwargs):
-        captured["result"] = res = real(*args, **kwargs)
-        return res
-
-    monkeypatch.setattr(validate_mod, "simulate", keep)
-    validate_mod.run_validation(
+    run = validate_mod.run_validation(
         truth,
         workload,
         profiles,
         base=EngineConfig(async_scheduling=False, step_overhead_us=0.0),
     )
-    ours = captured["result"].requests
+    ours = run.result.requests
     ref = pd.read_csv(truth / "peer_sim" / "sim.csv").sort_values("request id")
     ref = ref.reset_index(drop=True)
     np.testing.assert_array_equal((ours.first_token_ns - ours.arrival_ns).to_numpy(), ref.TTFT)

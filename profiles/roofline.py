@@ -14,7 +14,9 @@ overheads fitted to the measured RTX PRO 6000 bundles. Rows sit on the profiler'
 
 Layers flagged ``tp_invariant`` and the MoE block are priced from ``tp1`` by the simulator
 (as in the reference), so for ``tp > 1`` the ``tp1`` folder is generated as well.
-No ``skew_fit`` is produced (``skew_fit.enabled: false``, i.e. alpha = 0).
+No ``skew_fit`` is produced (``skew_fit.enabled: false``, i.e. alpha = 0). Generating
+clears the loader's in-process bundle cache (``profiles.bundle.clear_bundle_cache``) so a
+bundle directory that gained a TP folder is re-read.
 
 :func:`ensure_bundle` caches bundles under ``$SERVESWEEP_CACHE`` (default
 ``~/.cache/servesweep/bundles``), keyed by a hash of the hardware and model specs, the
@@ -40,6 +42,7 @@ import yaml
 
 from engine.specs import ConfigError, HardwareSpec, ModelSpec
 from profiles.architecture import load_architecture
+from profiles.bundle import clear_bundle_cache
 from profiles.roofline_cost import (
     Precision,
     RankShape,
@@ -343,6 +346,8 @@ def _generate_locked(
         _write_tp_dir(vdir / f"tp{n}", hardware, model, n, precision, factors, grid)
     meta = _meta(hardware, model, variant, _present_tps(vdir), precision, factors, grid)
     _write_meta(vdir, meta)
+    # The loader memoises bundles per directory; a folder that gained a tp<N>/ must be re-read.
+    clear_bundle_cache()
 
 
 def bundle_key(

@@ -208,6 +208,13 @@ def test_cache_env_and_tp_added_later(tmp_path: Path, monkeypatch: pytest.Monkey
     assert yaml.safe_load((one / "meta.yaml").read_text())["tp_degrees"] == [1, 2]
 
 
+def test_loader_sees_tp_folder_added_later(tmp_path: Path) -> None:
+    one = ensure_bundle(HW, LLAMA, 1, cache=tmp_path)
+    assert sorted(load_bundle(one).tps) == [1]
+    ensure_bundle(HW, LLAMA, 2, cache=tmp_path)
+    assert sorted(load_bundle(one).tps) == [1, 2]
+
+
 def test_factors_validate() -> None:
     f = load_factors()
     assert set(f.categories) == set(CATEGORIES)

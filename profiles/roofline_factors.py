@@ -12,10 +12,9 @@ i.e. a roofline whose corner is rounded by a finite ``sharpness`` (p -> infinity
 plain ``max``; p = 1 is "no overlap", the sum). ``serial`` only exists for attention: the
 time one thread block needs to walk the longest key sequence on its own
 (``serial_ns_per_key`` per key at head_dim 128), which bounds varlen prefill kernels that
-have too few blocks to fill the GPU. Also for attention, ``bytes`` includes
-``mixed_gqa_share`` times the extra K/V traffic of decodes that share a varlen call with a
-prefill chunk and are then read once per query head rather than once per KV head; the share
-paid is ``max(mixed_gqa_share, 1 - mixed_cache_mb / W)`` with W one KV head's decode K+V
+have too few blocks to fill the GPU. Also for attention, ``bytes`` includes a share of the
+extra K/V traffic of decodes that share a varlen call with a prefill chunk and are then read
+once per query head rather than once per KV head; the share paid is ``max(mixed_gqa_share, 1 - mixed_cache_mb / W)`` with W one KV head's decode K+V
 bytes (beyond the on-chip cache the re-read comes from HBM). Mixed calls also pay
 ``empty_block_ns`` per thread block launched for a decode beyond its single query tile.
 The compute term's efficiency ramps up with the kernel's size, ``eff_compute * F / (F +

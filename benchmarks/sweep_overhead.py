@@ -3,11 +3,13 @@
 Runs the same grid (``--points`` points of mem_util_grid-like jobs) four ways and prints
 wall times:
 
-1. bare: ``sweep.job.run_point`` called in this process, one point after another, warm
-   caches (what one actor does, minus Ray and MLflow);
-2. the ray_actor launcher with 1 actor and tracking off (Ray dispatch + Hydra + files);
-3. the same with MLflow tracking on (a pre-migrated sqlite store);
-4. the launcher with N actors (``--actors``, default: all CPUs), tracking on.
+1. bare: ``sweep.job.run_point`` (engine + metrics) called in this process, one point
+   after another, warm caches;
+2. the ray_actor launcher with 1 actor, MLflow and plots off (Hydra composition, Ray
+   dispatch, first-job warm-up of the actor, per-job files, results table);
+3. the same with MLflow tracking and per-point plots on (a pre-migrated sqlite store);
+4. the launcher with N actors (``--actors``, default: all CPUs), MLflow and plots off;
+5. the launcher with N actors, MLflow and plots on.
 
 Ray start-up and MLflow store creation are one-time costs, measured and reported apart.
 Per-job overhead = (sweep wall - bare wall) / points; the ratio is sweep wall / bare wall.
@@ -121,10 +123,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     runs = {}
     common = [*base, "+experiment=mem_util_grid", *sweep_keys]
-    runs["ray_1actor_no_mlflow"] = sweep(
-        [*common, "hydra.launcher.num_actors=1", "tracking.uri=null"], work / "a")
+    runs["ray_1actor_no_mlflow_no_plots"] = sweep(
+        [*common, "hydra.launcher.num_actors=1", "tracking.uri=null", "tracking.plots=false"],
+        work / "a")
     runs["ray_1actor_mlflow"] = sweep(
         [*common, "hydra.launcher.num_actors=1", f"tracking.uri={uri}"], work / "b")
+    runs[f"ray_{args.actors}actors_no_mlflow_no_plots"] = sweep(
+        [*common, f"hydra.launcher.num_actors={args.actors}", "tracking.uri=null",
+         "tracking.plots=false"], work / "c0")
     runs[f"ray_{args.actors}actors_mlflow"] = sweep(
         [*common, f"hydra.launcher.num_actors={args.actors}", f"tracking.uri={uri}"], work / "c")
     ray.shutdown()
@@ -141,10 +147,14 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
               f"overhead {over * 1e3:+.0f} ms/point")
         res[f"{name}_ratio"] = wall / t_bare
         res[f"{name}_overhead_ms_per_point"] = over * 1e3
-    speedup = runs["ray_1actor_mlflow"] / runs[f"ray_{args.actors}actors_mlflow"]
-    res["speedup"] = speedup
-    print(f"  speedup {args.actors} actors vs 1 (MLflow on): {speedup:.2f}x")
+    for kind in ("no_mlflow_no_plots", "mlflow"):
+        speedup = runs[f"ray_1actor_{kind}"] / runs[f"ray_{args.actors}actors_{kind}"]
+        res[f"speedup_{kind}"] = speedup
+        print(f"  speedup {args.actors} actors vs 1 ({kind}): {speedup:.2f}x")
     print(f"  one-time: Ray start {t_ray:.2f} s, MLflow store creation {t_store:.2f} s")
+    load = os.getloadavg()
+    res["load_avg_1m"] = load[0]
+    print(f"  load average during the run: {load[0]:.1f} (1 min) on {os.cpu_count()} CPUs")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     return res

@@ -13,6 +13,8 @@ both bundles (whole-step latency, host I/O dropped) and reports the ratio.
 
 The markdown is printed and, with ``--doc``, written between the
 ``<!-- roofline_error:begin -->`` / ``<!-- roofline_error:end -->`` markers of that file.
+Unless ``--no-e2e``, it also replays the three vLLM ground-truth runs through
+``analysis.validate.run_validation`` with the measured and with the roofline bundles.
 """
 
 from __future__ import annotations
@@ -61,6 +63,54 @@ def step_errors(data: Path, workdir: Path) -> list[tuple[str, str, int, int]]:
                 rows.append((f"{model_name} tp{tp}", label, measured.iteration_ns(shape),
                              roofline.iteration_ns(shape)))
     return rows
+
+
+#: Ground-truth vLLM runs: (folder under groundtruth/RTXPRO6000, workload file stem).
+GROUNDTRUTH: tuple[tuple[str, str], ...] = (
+    ("Llama-3.1-8B", "sharegpt-llama-3.1-8b-300-sps10"),
+    ("Qwen3-32B", "sharegpt-qwen3-32b-300-sps10"),
+    ("Qwen3-30B-A3B-Instruct-2507", "sharegpt-qwen3-30b-a3b-300-sps10"),
+)
+E2E_METRICS = {"ttft_ms_mean": "TTFT mean", "ttft_ms_p90": "TTFT P90", "tpot_ms_mean": "TPOT mean",
+               "tpot_ms_p90": "TPOT P90", "e2el_ms_mean": "latency mean"}
+
+
+def end_to_end(data: Path, workdir: Path) -> list[tuple[str, str, dict]]:
+    """(example, profile kind, validation report) replaying each ground-truth run twice:
+    with the measured bundles and with roofline bundles generated for the same TP folders."""
+    from analysis.validate import run_validation  # the replay harness (analysis package)
+
+    for hw_name, model_name in MEASURED:
+        mdir = measured_variant_dir(data, hw_name, model_name)
+        for tp in measured_tps(mdir):
+            generate_bundle(load_hardware(hw_name), load_model(model_name), tp, workdir)
+    clear_bundle_cache()
+    measured_root = data / "llmservingsim" / "profiles"
+    out = []
+    for example, workload in GROUNDTRUTH:
+        truth = data / "llmservingsim" / "groundtruth" / "RTXPRO6000" / example
+        wl = data / "llmservingsim" / "workloads" / f"{workload}.jsonl"
+        for kind, root in (("measured", measured_root), ("roofline", workdir)):
+            out.append((example, kind, run_validation(truth, wl, root).report))
+            clear_bundle_cache()
+    return out
+
+
+def render_e2e(rows: list[tuple[str, str, dict]]) -> str:
+    head = " | ".join(f"{label} Diff%" for label in E2E_METRICS.values())
+    lines = [
+        "End to end: `analysis.validate.run_validation` replays each vLLM ground-truth run "
+        "(300 ShareGPT requests at 10 req/s) with the measured bundles and with roofline "
+        "bundles; Diff% = (sim - vLLM)/vLLM over the 15 validation metrics:",
+        "",
+        f"| run | profile | mean \\|Diff%\\| | max \\|Diff%\\| | {head} |",
+        "|---|---|---:|---:|" + "---:|" * len(E2E_METRICS),
+    ]
+    for example, kind, rep in rows:
+        cells = " | ".join(f"{rep['metrics'][m]['diff_pct']:+.1f}" for m in E2E_METRICS)
+        lines.append(f"| {example} | {kind} | {rep['mean_abs_diff_pct']:.2f} | "
+                     f"{rep['max_abs_diff_pct']:.2f} | {cells} |")
+    return "\n".join(lines) + "\n"
 
 
 def all_table_errors(data: Path, workdir: Path) -> list[ErrorRow]:
@@ -121,13 +171,17 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=default_data_dir(), help="shared data folder")
     ap.add_argument("--doc", type=Path, default=None, help="markdown file to update in place")
+    ap.add_argument("--no-e2e", action="store_true", help="skip the ground-truth replays")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         errors = all_table_errors(args.data, Path(tmp))
         clear_bundle_cache()
         steps = step_errors(args.data, Path(tmp) / "steps")
         clear_bundle_cache()
+        e2e = [] if args.no_e2e else end_to_end(args.data, Path(tmp) / "e2e")
     block = render(errors, steps)
+    if e2e:
+        block += "\n" + render_e2e(e2e)
     print(block)
     if args.doc is not None:
         write_doc(args.doc, block)

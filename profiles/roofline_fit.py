@@ -286,7 +286,9 @@ def write_factors(factors: RooflineFactors, summary: dict[str, dict[str, float]]
         "# log(predicted/measured) over every row of the measured RTX PRO 6000 bundles\n"
         "# (LLMServingSim profiler, vLLM 0.19, bf16): Llama-3.1-8B, Qwen3-32B, Qwen3-30B-A3B, at\n"
         "# tp1 and tp2 (TP-invariant layers from tp1 only), against the catalog RTXPRO6000 peak\n"
-        "# (503.8 bf16 TFLOPS, 1597 GB/s). Parameters not listed under `fit` keep their defaults.\n"
+        "# (503.8 bf16 TFLOPS, 1597 GB/s). Attention rows are weighted so pure-decode, pure-prefill\n"
+        "# and mixed calls carry equal total weight. Parameters not listed under `fit` keep their\n"
+        "# defaults.\n"
         "# `fit` records each category's fitted parameters, rows and in-sample |relative error|.\n"
     )
     cats = {}

@@ -7,15 +7,17 @@ Both sides are driven by the same engine-core protocol, vLLM 0.19.1's
     add the requests due by this tick
     if side.has_requests():
         schedule a step and queue it
-        if the step scheduled tokens and the queue is not full: end the tick
+        if the step scheduled tokens and the queue is not full: call again (same tick)
     elif the queue is empty: idle tick
-    apply the oldest queued step's output
+    apply the oldest queued step's output (the tick's GPU step)
 
 Tick ``k`` stands for time ``k · step_ns``; request ``i`` is added before the first tick with
 ``k · step_ns >= arrival_ns``. When both sides are idle the tick jumps to the next arrival.
 
-Per tick each side yields an optional :class:`SchedRecord` and an optional
-:class:`UpdateRecord`. Records of empty batches (nothing scheduled or preempted) are
+A tick is one GPU step: engine-loop calls repeat within it until one blocks on the oldest
+in-flight step (in async mode, after an idle spell, the first two schedules share a tick, as
+they share an instant in vLLM). Per tick each side yields its non-empty
+:class:`SchedRecord` s (usually one) and an optional :class:`UpdateRecord`. Records of empty batches (nothing scheduled or preempted) are
 dropped: vLLM schedules an empty batch once more after requests finish, to flush their ids,
 which changes nothing our engine models. A tick is *compared* when either side has a record,
 and *identical* when both sides' records (and, every ``free_queue_every`` ticks, their whole
@@ -50,7 +52,7 @@ class Side(Protocol):
 
 @dataclass(slots=True)
 class Tick:
-    sched: SchedRecord | None = None
+    sched: tuple[SchedRecord, ...] = ()
     update: UpdateRecord | None = None
     free_queue: tuple[int, ...] | None = None
     ledger: tuple[tuple[int, ...], tuple[tuple[int, ...], ...]] | None = None
@@ -58,7 +60,7 @@ class Tick:
 
     @property
     def has_record(self) -> bool:
-        return self.sched is not None or self.update is not None
+        return bool(self.sched) or self.update is not None
 
 
 class Lane:
@@ -78,34 +80,42 @@ class Lane:
         self.finish_tick: dict[str, int] = {}
 
     def tick(self, k: int, now_ns: int) -> Tick:
+        """One GPU step's worth of engine-loop calls at ``now_ns``.
+
+        A call that schedules a batch while the queue still has room returns at once in
+        vLLM, and the busy loop calls again straight away; so calls repeat within the tick
+        until one blocks on the oldest in-flight step (and applies its output) or the
+        engine is idle. In async mode after an idle spell that makes the first two
+        schedules share a tick, as they share an instant in vLLM."""
         specs = self.specs
-        while self.next < len(specs) and specs[self.next].arrival_ns <= now_ns:
-            self.side.add(specs[self.next])
-            self.next += 1
         out = Tick()
-        if self.side.has_requests():
-            handle, rec = self.side.schedule()
-            self.queue.append((handle, rec))
-            if not rec.empty:
-                out.sched = rec
-                self.sched_tokens += sum(n for _, n, _ in rec.scheduled)
-                self.preemptions += len(rec.preempted)
-            if rec.scheduled and len(self.queue) < self.depth:
+        while True:
+            while self.next < len(specs) and specs[self.next].arrival_ns <= now_ns:
+                self.side.add(specs[self.next])
+                self.next += 1
+            if self.side.has_requests():
+                handle, rec = self.side.schedule()
+                self.queue.append((handle, rec))
+                if not rec.empty:
+                    out.sched = (*out.sched, rec)
+                    self.sched_tokens += sum(n for _, n, _ in rec.scheduled)
+                    self.preemptions += len(rec.preempted)
+                if rec.scheduled and len(self.queue) < self.depth:
+                    continue  # vLLM returns without blocking; the loop calls again at once
+            elif not self.queue:
+                out.idle = not out.sched
                 return out
-        elif not self.queue:
-            out.idle = True
+            handle, rec = self.queue.popleft()
+            upd = self.side.update(handle)
+            if not rec.empty:
+                out.update = upd
+                for rid in rec.samples:
+                    self.samples += 1
+                    self.first_token_tick.setdefault(rid, k)
+                for rid in upd.finished:
+                    self.finish_tick[rid] = k
+                self.finished += len(upd.finished)
             return out
-        handle, rec = self.queue.popleft()
-        upd = self.side.update(handle)
-        if not rec.empty:
-            out.update = upd
-            for rid in rec.samples:
-                self.samples += 1
-                self.first_token_tick.setdefault(rid, k)
-            for rid in upd.finished:
-                self.finish_tick[rid] = k
-            self.finished += len(upd.finished)
-        return out
 
     @property
     def done(self) -> bool:
@@ -143,8 +153,12 @@ class CaseResult:
 
 def _fields_of(t: Tick) -> dict[str, Any]:
     """Flatten a tick into named comparable fields."""
-    out: dict[str, Any] = {}
-    for name, rec in (("sched", t.sched), ("update", t.update)):
+    out: dict[str, Any] = {"schedules": len(t.sched)}
+    named: list[tuple[str, SchedRecord | UpdateRecord | None]] = [
+        ("sched" if len(t.sched) == 1 else f"sched{i}", rec) for i, rec in enumerate(t.sched)
+    ]
+    named.append(("update", t.update))
+    for name, rec in named:
         if rec is None:
             out[name] = None
             continue

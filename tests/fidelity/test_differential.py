@@ -24,7 +24,7 @@ from benchmarks.fidelity.cases import (  # noqa: E402
     fast_cases,
     full_cases,
 )
-from benchmarks.fidelity.diff import run_case  # noqa: E402
+from benchmarks.fidelity.diff import Lane, run_case  # noqa: E402
 from benchmarks.fidelity.sides import (  # noqa: E402
     OursSide,
     SchedConfig,
@@ -98,15 +98,26 @@ def test_a_divergent_decision_is_reported_at_its_tick():
     assert n_skew == n_ours + 1
 
 
-def test_async_driver_lags_outputs_by_one_step():
-    """Depth 2: the first step's output is applied only after the second is scheduled."""
+def test_async_driver_schedules_ahead_without_adding_a_step():
+    """Depth 2 (vLLM 0.19 §12.7): an idle engine schedules the prefill and, at once, the
+    first decode; the prefill's output is applied in the same GPU step as in sync mode, and
+    the 40-token request with 3 outputs finishes after three steps either way."""
     spec = _specs(1, 40, 3)
-    sync = run_case("s", SchedConfig(num_blocks=20), spec, OursSide, OursSide)
-    asyn = run_case(
-        "a", SchedConfig(num_blocks=20, async_scheduling=True), spec, OursSide, OursSide
-    )
-    assert sync.totals["mean TTFT (ticks)"] == (0.0, 0.0)
-    assert asyn.totals["mean TTFT (ticks)"] == (1.0, 1.0)
+    for asyn in (False, True):
+        lane = Lane(
+            OursSide(SchedConfig(num_blocks=20, async_scheduling=asyn)), spec, 2 if asyn else 1
+        )
+        first = lane.tick(0, 0)
+        expect = [(("r0", 40, 0),), (("r0", 1, 40),)] if asyn else [(("r0", 40, 0),)]
+        assert [r.scheduled for r in first.sched] == expect
+        assert first.update is not None and first.update.finished == ()
+        k = 1
+        while not lane.done:
+            lane.tick(k, k)
+            k += 1
+        assert lane.first_token_tick == {"r0": 0}
+        assert lane.finish_tick == {"r0": 2}
+        assert lane.sched_tokens == 42 and lane.samples == 3
 
 
 def test_sched_record_empty():

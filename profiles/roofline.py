@@ -198,19 +198,13 @@ def moe_table(
 # --------------------------------------------------------------------------- writing
 
 
-def _org_and_name(model: ModelSpec) -> tuple[str, str]:
-    org, sep, name = model.name.partition("/")
-    if not sep:
-        return "local", model.name
-    if not name or "/" in name:
-        raise ConfigError(f"model name '{model.name}' must be '<org>/<name>' or a bare name")
-    return org, name
-
-
 def variant_dir(root: Path, hardware: HardwareSpec, model: ModelSpec, variant: str) -> Path:
-    """``<root>/<hardware>/<org>/<model>/<variant>`` for this bundle."""
-    org, name = _org_and_name(model)
-    return Path(root) / hardware.name / org / name / variant
+    """``<root>/<hardware>/<model name>/<variant>``, the loader's rule (``org/model`` names
+    give the ``<org>/<model>`` levels of the LLMServingSim layout)."""
+    parts = model.name.split("/")
+    if not model.name or model.name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ConfigError(f"model name '{model.name}' must look like '<org>/<model>'")
+    return Path(root) / hardware.name / model.name / variant
 
 
 def _write_csv(df: pd.DataFrame, path: Path) -> None:
@@ -401,8 +395,8 @@ def ensure_bundle(
 ) -> Path:
     """Variant dir of the cached roofline bundle, generating it on a miss.
 
-    The bundle lives at ``<cache>/<bundle_key>/<hardware>/<org>/<model>/<variant>``; pass
-    ``<cache>/<bundle_key>`` (the returned path's ``parents[3]``) as the loader's root.
+    The bundle lives at ``<cache>/<bundle_key>/<hardware>/<org>/<model>/<variant>``; load it
+    with ``load_bundle(returned_path)`` or with root ``<cache>/<bundle_key>``.
     """
     factors = factors if factors is not None else load_factors()
     grid = grid if grid is not None else GridSpec()

@@ -215,6 +215,16 @@ def test_loader_sees_tp_folder_added_later(tmp_path: Path) -> None:
     assert sorted(load_bundle(one).tps) == [1, 2]
 
 
+def test_bare_model_name_follows_loader_path(tmp_path: Path) -> None:
+    bare = dataclasses.replace(LLAMA, name="my-llama")
+    vdir = ensure_bundle(HW, bare, 1, cache=tmp_path)
+    root = tmp_path / bundle_key(HW, bare, load_factors())
+    assert vdir == root / "RTXPRO6000" / "my-llama" / "bf16"
+    assert sorted(load_bundle(root, "RTXPRO6000", "my-llama").tps) == [1]
+    with pytest.raises(ConfigError):
+        generate_bundle(HW, dataclasses.replace(LLAMA, name="../escape"), 1, tmp_path)
+
+
 def test_factors_validate() -> None:
     f = load_factors()
     assert set(f.categories) == set(CATEGORIES)

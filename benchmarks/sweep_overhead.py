@@ -1,30 +1,32 @@
 """What the sweep platform costs on top of the simulator, and how it scales with actors.
 
-Runs the same grid (``--points`` points of mem_util_grid-like jobs) four ways and prints
-wall times:
+Grid points are mem_util_grid-like jobs (Llama-3.1-8B on an L40S, ``--requests`` requests
+each). Measured, all on one machine:
 
-1. bare: ``sweep.job.run_point`` (engine + metrics) called in this process, one point
-   after another, warm caches;
-2. the ray_actor launcher with 1 actor, MLflow and plots off (Hydra composition, Ray
-   dispatch, first-job warm-up of the actor, per-job files, results table);
-3. the same with MLflow tracking and per-point plots on (a pre-migrated sqlite store);
-4. the launcher with N actors (``--actors``, default: all CPUs), MLflow and plots off;
-5. the launcher with N actors, MLflow and plots on.
+* bare: ``sweep.job.run_point`` (engine + metrics) in this process, warm caches, per point;
+* the ray_actor launcher with 1 actor on grids of ``--small`` and ``--points`` points,
+  with MLflow tracking + plots on (the full platform) and off. A straight line through the
+  two sizes splits the wall time into a fixed part per sweep (Hydra composition, actor
+  start and warm-up, results table) and a part per point; per-job overhead = per-point
+  slope - bare time per point, ratio = slope / bare;
+* scaling: the ``--points`` grid on ``--actors`` actors, against a control that runs the
+  same bare points in ``--actors`` plain worker processes (what the machine allows).
 
-Ray start-up and MLflow store creation are one-time costs, measured and reported apart.
-Per-job overhead = (sweep wall - bare wall) / points; the ratio is sweep wall / bare wall.
+Ray start-up and MLflow store creation are one-time costs, reported apart.
 
-    python benchmarks/sweep_overhead.py [--points 16] [--requests 300] [--actors 2]
+    python benchmarks/sweep_overhead.py [--points 16] [--small 4] [--requests 300] [--actors 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,34 +47,52 @@ UTILS = (0.5, 0.6, 0.7, 0.8, 0.9)
 RATES = (1, 2, 3, 4, 5, 6)
 
 
-def grid(points: int) -> tuple[list[str], list[dict[str, float]]]:
+def grid(points: int) -> list[tuple[float, int]]:
+    """``points`` (utilisation, rate) pairs on a near-square sub-grid."""
     shapes = [(nu, points // nu) for nu in range(1, len(UTILS) + 1)
               if points % nu == 0 and points // nu <= len(RATES)]
     if not shapes:
-        raise SystemExit(f"--points {points}: use a product of <= 5 utilisations x <= 6 rates")
+        raise SystemExit(f"{points} points: use a product of <= 5 utilisations x <= 6 rates")
     nu, nr = min(shapes, key=lambda s: abs(s[0] - s[1]))
-    utils, rates = UTILS[-nu:], RATES[:nr]
-    overrides = [
-        "cluster.gpu_memory_utilization=" + ",".join(map(str, utils)),
-        "workload.rate=" + ",".join(map(str, rates)),
-    ]
-    return overrides, [{"u": u, "r": r} for u in utils for r in rates]
+    return [(u, r) for u in UTILS[-nu:] for r in RATES[:nr]]
 
 
-def bare(points: list[dict[str, float]], base: list[str]) -> tuple[float, float]:
-    """Wall time of run_point over all points (after one warm-up), and summed sim time."""
+def sweep_overrides(points: list[tuple[float, int]]) -> list[str]:
+    utils = sorted({u for u, _ in points})
+    rates = sorted({r for _, r in points})
+    return ["cluster.gpu_memory_utilization=" + ",".join(map(str, utils)),
+            "workload.rate=" + ",".join(map(str, rates))]
+
+
+def configs(points: list[tuple[float, int]], base: list[str]) -> list:
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfgs = [
-            compose("config", overrides=[*base, f"cluster.gpu_memory_utilization={p['u']}",
-                                         f"workload.rate={p['r']}"])
-            for p in points
-        ]
+        out = [compose("config", overrides=[*base, f"cluster.gpu_memory_utilization={u}",
+                                             f"workload.rate={r}"]) for u, r in points]
     GlobalHydra.instance().clear()
-    run_point(cfgs[0])  # warm the caches, as a long-lived actor would be
+    return out
+
+
+def _warm(cfg) -> int:
+    run_point(cfg)
+    return os.getpid()
+
+
+def _time_points(cfgs: list) -> float:
     t0 = time.perf_counter()
-    sim = sum(run_point(c)["metrics"]["sim_wall_s"] for c in cfgs)
-    return time.perf_counter() - t0, sim
+    for cfg in cfgs:
+        run_point(cfg)
+    return time.perf_counter() - t0
+
+
+def parallel_control(cfgs: list, workers: int) -> float:
+    """Wall time of the bare points spread over ``workers`` warm processes."""
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(_warm, [cfgs[0]] * workers))
+        chunks = [cfgs[i::workers] for i in range(workers)]
+        t0 = time.perf_counter()
+        list(pool.map(_time_points, chunks))
+        return time.perf_counter() - t0
 
 
 def sweep(overrides: list[str], out: Path) -> float:
@@ -93,20 +113,23 @@ def sweep(overrides: list[str], out: Path) -> float:
 def main(argv: list[str] | None = None) -> dict[str, float]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--points", type=int, default=16)
+    ap.add_argument("--small", type=int, default=4)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--actors", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args(argv)
     register()
-    import logging
-
     logging.disable(logging.INFO)
     base = ["hardware=l40s", f"workload.num_requests={args.requests}"]
-    sweep_keys, points = grid(args.points)
+    big, small = grid(args.points), grid(args.small)
     work = Path(tempfile.mkdtemp(prefix="sweep_overhead_"))
     os.chdir(work)  # MLflow artifacts (./mlruns) and outputs land here
 
-    t_bare, t_sim = bare(points, base)
+    cfgs = configs(big, base)
+    run_point(cfgs[0])  # warm caches, as a long-lived actor is
+    t_bare = _time_points(cfgs)
+    per_bare = t_bare / len(big)
+    t_control = parallel_control(cfgs, args.actors)
 
     import ray
 
@@ -121,40 +144,49 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     Tracker(uri, "bench")
     t_store = time.perf_counter() - t0
 
-    runs = {}
-    common = [*base, "+experiment=mem_util_grid", *sweep_keys]
-    runs["ray_1actor_no_mlflow_no_plots"] = sweep(
-        [*common, "hydra.launcher.num_actors=1", "tracking.uri=null", "tracking.plots=false"],
-        work / "a")
-    runs["ray_1actor_mlflow"] = sweep(
-        [*common, "hydra.launcher.num_actors=1", f"tracking.uri={uri}"], work / "b")
-    runs[f"ray_{args.actors}actors_no_mlflow_no_plots"] = sweep(
-        [*common, f"hydra.launcher.num_actors={args.actors}", "tracking.uri=null",
-         "tracking.plots=false"], work / "c0")
-    runs[f"ray_{args.actors}actors_mlflow"] = sweep(
-        [*common, f"hydra.launcher.num_actors={args.actors}", f"tracking.uri={uri}"], work / "c")
+    common = [*base, "+experiment=mem_util_grid"]
+    modes = {"platform": [f"tracking.uri={uri}"],
+             "no_mlflow_no_plots": ["tracking.uri=null", "tracking.plots=false"]}
+    walls: dict[str, float] = {}
+    for mode, extra in modes.items():
+        for n, pts in ((len(small), small), (len(big), big)):
+            walls[f"{mode}_1actor_{n}"] = sweep(
+                [*common, *sweep_overrides(pts), "hydra.launcher.num_actors=1", *extra],
+                work / f"{mode}_{n}")
+    walls[f"platform_{args.actors}actors_{len(big)}"] = sweep(
+        [*common, *sweep_overrides(big), f"hydra.launcher.num_actors={args.actors}",
+         *modes["platform"]], work / "parallel")
     ray.shutdown()
 
-    n = len(points)
-    res = {"points": n, "requests_per_point": args.requests, "bare_s": t_bare, "sim_s": t_sim,
-           "ray_start_s": t_ray, "mlflow_store_create_s": t_store, **{f"{k}_s": v for k, v in runs.items()}}
-    print(f"{n} points x {args.requests} requests, L40S / Llama-3.1-8B, {os.cpu_count()} CPUs")
-    print(f"  bare run_point, in process      {t_bare:7.2f} s  ({t_bare / n * 1e3:.0f} ms/point; "
-          f"engine.simulate {t_sim:.2f} s)")
-    for name, wall in runs.items():
-        over = (wall - t_bare) / n
-        print(f"  {name:<32}{wall:7.2f} s  ratio {wall / t_bare:4.2f}  "
-              f"overhead {over * 1e3:+.0f} ms/point")
-        res[f"{name}_ratio"] = wall / t_bare
-        res[f"{name}_overhead_ms_per_point"] = over * 1e3
-    for kind in ("no_mlflow_no_plots", "mlflow"):
-        speedup = runs[f"ray_1actor_{kind}"] / runs[f"ray_{args.actors}actors_{kind}"]
-        res[f"speedup_{kind}"] = speedup
-        print(f"  speedup {args.actors} actors vs 1 ({kind}): {speedup:.2f}x")
+    nb, ns = len(big), len(small)
+    res: dict[str, float] = {"points": nb, "requests_per_point": args.requests,
+                             "bare_s_per_point": per_bare, "ray_start_s": t_ray,
+                             "mlflow_store_create_s": t_store, "control_parallel_s": t_control,
+                             **{f"{k}_s": v for k, v in walls.items()}}
+    print(f"L40S / Llama-3.1-8B, {args.requests} requests per point, {os.cpu_count()} CPUs")
+    print(f"  bare run_point (engine + metrics): {per_bare * 1e3:.0f} ms/point "
+          f"({nb} points in {t_bare:.2f} s)")
+    for mode in modes:
+        w_small, w_big = walls[f"{mode}_1actor_{ns}"], walls[f"{mode}_1actor_{nb}"]
+        slope = (w_big - w_small) / (nb - ns)
+        fixed = w_big - slope * nb
+        res[f"{mode}_per_point_s"], res[f"{mode}_fixed_s"] = slope, fixed
+        res[f"{mode}_ratio"] = slope / per_bare
+        print(f"  1 actor, {mode:<19}: {ns} pts {w_small:6.2f} s, {nb} pts {w_big:6.2f} s -> "
+              f"fixed {fixed:5.2f} s/sweep + {slope * 1e3:4.0f} ms/point "
+              f"(overhead {(slope - per_bare) * 1e3:+4.0f} ms/point, ratio {slope / per_bare:.2f})")
+    w1 = walls[f"platform_1actor_{nb}"]
+    wn = walls[f"platform_{args.actors}actors_{nb}"]
+    res["speedup_sweep"] = w1 / wn
+    res["speedup_control"] = t_bare / t_control
+    print(f"  {nb} points, {args.actors} actors: {wn:.2f} s vs 1 actor {w1:.2f} s -> "
+          f"speedup {w1 / wn:.2f}x")
+    print(f"  control, same bare points in {args.actors} processes: {t_control:.2f} s vs "
+          f"{t_bare:.2f} s serial -> speedup {t_bare / t_control:.2f}x (the machine's ceiling)")
     print(f"  one-time: Ray start {t_ray:.2f} s, MLflow store creation {t_store:.2f} s")
     load = os.getloadavg()
     res["load_avg_1m"] = load[0]
-    print(f"  load average during the run: {load[0]:.1f} (1 min) on {os.cpu_count()} CPUs")
+    print(f"  load average at the end: {load[0]:.1f} (1 min) on {os.cpu_count()} CPUs")
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     return res

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,7 @@ class RayActorLauncher(Launcher):
         from hydra_plugins.ray_actor_launcher._pool import ActorSet
         from hydra_plugins.ray_actor_launcher._progress import Progress
 
+        t_start = time.monotonic()
         self._ensure_ray(ray)
         actor_options = dict(OmegaConf.to_container(self.params.actor_options, resolve=True))
         actor_options.setdefault("max_concurrency", 1)
@@ -145,6 +147,8 @@ class RayActorLauncher(Launcher):
             ray.get([a.pid.remote() for a in actors], timeout=self.params.ready_timeout_s)
             if starting is not None:
                 starting.wait()
+            log.info(f"{size} actors ready {time.monotonic() - t_start:.1f} s after launch")
+            t_jobs = time.monotonic()
             pool = ActorSet(actors, remote_cls.remote, self.params.job_timeout_s)
             ctx_ref = ray.put(self.hydra_context)
             fn_ref = ray.put(self.task_function)
@@ -167,6 +171,8 @@ class RayActorLauncher(Launcher):
                     recorder.job_done(out.key, configs[out.key], ret)
                 progress.update(ret.status == JobStatus.FAILED)
             actors = pool.actors
+            log.info(f"{len(jobs)} jobs ran in {time.monotonic() - t_jobs:.1f} s on {size} actors"
+                     + (f" ({pool.replaced} replaced)" if pool.replaced else ""))
             return results
         finally:
             if progress is not None:

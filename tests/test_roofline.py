@@ -225,6 +225,23 @@ def test_bare_model_name_follows_loader_path(tmp_path: Path) -> None:
         generate_bundle(HW, dataclasses.replace(LLAMA, name="../escape"), 1, tmp_path)
 
 
+def _ensure_in_subprocess(cache: str, tp: int) -> str:
+    return str(ensure_bundle(HW, LLAMA, tp, cache=Path(cache)))
+
+
+def test_concurrent_ensure_is_consistent(tmp_path: Path) -> None:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(3, mp_context=mp.get_context("spawn")) as pool:
+        paths = list(pool.map(_ensure_in_subprocess, [str(tmp_path)] * 3, [1, 2, 2]))
+    assert len(set(paths)) == 1
+    vdir = Path(paths[0])
+    assert yaml.safe_load((vdir / "meta.yaml").read_text())["tp_degrees"] == [1, 2]
+    assert sorted(load_bundle(vdir).tps) == [1, 2]
+    assert not [p for p in vdir.iterdir() if p.name.startswith(".tp")]  # no temp dirs left
+
+
 def test_factors_validate() -> None:
     f = load_factors()
     assert set(f.categories) == set(CATEGORIES)

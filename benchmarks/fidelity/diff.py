@@ -9,7 +9,8 @@ Both sides are driven by the same engine-core protocol, vLLM 0.19.1's
         schedule a step and queue it
         if the step scheduled tokens and the queue is not full: call again (same tick)
     elif the queue is empty: idle tick
-    apply the oldest queued step's output (the tick's GPU step)
+    apply the oldest queued step's output (the tick's GPU step; a batch that ran nothing
+    on the GPU is ready at once, and the loop goes on)
 
 Tick ``k`` stands for time ``k · step_ns``; request ``i`` is added before the first tick with
 ``k · step_ns >= arrival_ns``. When both sides are idle the tick jumps to the next arrival.
@@ -83,16 +84,18 @@ class Lane:
         """One GPU step's worth of engine-loop calls at ``now_ns``.
 
         A call that schedules a batch while the queue still has room returns at once in
-        vLLM, and the busy loop calls again straight away; so calls repeat within the tick
-        until one blocks on the oldest in-flight step (and applies its output) or the
-        engine is idle. In async mode after an idle spell that makes the first two
-        schedules share a tick, as they share an instant in vLLM."""
+        vLLM, and the busy loop calls again straight away; so does a call that pops a batch
+        that ran nothing on the GPU (its output is ready at once). Calls repeat within the
+        tick until one blocks on the oldest in-flight step (and applies its output) or the
+        engine is idle. In async mode after an idle spell the first two schedules thus share
+        a tick, as they share an instant in vLLM."""
         specs = self.specs
         out = Tick()
         while True:
             while self.next < len(specs) and specs[self.next].arrival_ns <= now_ns:
                 self.side.add(specs[self.next])
                 self.next += 1
+            rec: SchedRecord | None = None
             if self.side.has_requests():
                 handle, rec = self.side.schedule()
                 self.queue.append((handle, rec))
@@ -103,19 +106,22 @@ class Lane:
                 if rec.scheduled and len(self.queue) < self.depth:
                     continue  # vLLM returns without blocking; the loop calls again at once
             elif not self.queue:
-                out.idle = not out.sched
+                out.idle = not out.sched and out.update is None
                 return out
-            handle, rec = self.queue.popleft()
+            handle, done = self.queue.popleft()
             upd = self.side.update(handle)
-            if not rec.empty:
+            if not done.empty:
                 out.update = upd
-                for rid in rec.samples:
+                for rid in done.samples:
                     self.samples += 1
                     self.first_token_tick.setdefault(rid, k)
                 for rid in upd.finished:
                     self.finish_tick[rid] = k
                 self.finished += len(upd.finished)
-            return out
+            if done.scheduled or rec is None or not rec.scheduled:
+                return out  # waited for a GPU step (or nothing is left to do now)
+            # The popped batch ran nothing on the GPU (vLLM's flush of finished ids, or a
+            # step that only preempted): its output is there at once, so the loop goes on.
 
     @property
     def done(self) -> bool:

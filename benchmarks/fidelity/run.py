@@ -98,10 +98,12 @@ and are stepped in lockstep by one driver (`benchmarks/fidelity/diff.py`):
   workload (the replay files' `output_tok_ids`, or the engine's synthetic ids), so prefix
   hashing over generated tokens is the same on both sides.
 - **Engine loop**: vLLM's `EngineCore.step` (sync, depth 1) or `step_with_batch_queue`
-  (async, depth 2: step k+1 is scheduled before step k's output is applied), with the GPU
-  always still busy when the next step is scheduled. Tick k stands for k · 30 ms; request i
-  is added before the first tick at or after its `arrival_time_ns`; idle stretches jump to
-  the next arrival.
+  (async, depth 2: step k+1 is scheduled before step k's output is applied), both sides
+  with their own `has_requests()`. A tick is one GPU step: loop calls that return without
+  waiting on the GPU (a schedule while the queue has room; popping a batch that ran
+  nothing, such as vLLM's empty batch that flushes finished ids) repeat within the tick.
+  Tick k stands for k · 30 ms; request i is added before the first call at or after its
+  `arrival_time_ns`; idle stretches jump to the next arrival.
 - **Compared on every tick**, field by field with `==`: the scheduled requests in schedule
   order with their token counts and computed-tokens-before-the-step; which of them sample a
   token; the preempted ids; for each admitted (new or resumed) request its prefix-hit

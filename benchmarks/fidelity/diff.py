@@ -18,9 +18,9 @@ Tick ``k`` stands for time ``k · step_ns``; request ``i`` is added before the f
 A tick is one GPU step: engine-loop calls repeat within it until one blocks on the oldest
 in-flight step (in async mode, after an idle spell, the first two schedules share a tick, as
 they share an instant in vLLM). Per tick each side yields its non-empty
-:class:`SchedRecord` s (usually one) and an optional :class:`UpdateRecord`. Records of empty batches (nothing scheduled or preempted) are
-dropped: vLLM schedules an empty batch once more after requests finish, to flush their ids,
-which changes nothing our engine models. A tick is *compared* when either side has a record,
+:class:`SchedRecord` s (usually one) and an optional :class:`UpdateRecord`. Records of empty
+batches (nothing scheduled or preempted) are dropped: vLLM schedules an empty batch once
+more after requests finish, to flush their ids, which changes nothing our engine models. A tick is *compared* when either side has a record,
 and *identical* when both sides' records (and, every ``free_queue_every`` ticks, their whole
 free-block queues, per-block ref counts and prefix-cache indexes) are equal.
 """
@@ -154,7 +154,14 @@ class CaseResult:
 
     @property
     def all_identical(self) -> bool:
-        return self.compared > 0 and self.compared == self.identical and not self.stalled
+        """Every compared tick identical, the end state equal, nothing stalled."""
+        return (
+            self.compared > 0
+            and self.compared == self.identical
+            and not self.stalled
+            and not self.field_mismatches
+            and all(a == b for a, b in self.totals.values())
+        )
 
 
 def _fields_of(t: Tick) -> dict[str, Any]:

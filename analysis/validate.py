@@ -40,17 +40,41 @@ class ValidationRun:
     result: SimulationResult
 
 
-def base_config(settings: dict[str, Any], base: EngineConfig) -> EngineConfig:
-    """The run-wide engine settings vLLM recorded; parallelism comes from the cluster file."""
-    return replace(
+# vLLM engine kwargs that map one-to-one onto EngineConfig fields when a run records them.
+_KWARG_FIELDS = {
+    "block_size": "block_size",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "long_prefill_token_threshold": "long_prefill_token_threshold",
+    "scheduler_reserve_full_isl": "reserve_full_isl",
+    "async_scheduling": "async_scheduling",
+    "num_gpu_blocks_override": "num_gpu_blocks_override",
+}
+
+
+def base_config(
+    settings: dict[str, Any], base: EngineConfig, kwargs: dict[str, Any] | None = None
+) -> EngineConfig:
+    """The run-wide engine settings vLLM recorded; parallelism comes from the cluster file.
+
+    Recorded ``engine_kwargs`` such as ``enable_prefix_caching``, ``block_size`` or
+    ``scheduler_reserve_full_isl`` override the defaults; a recorded
+    ``kv_cache.num_gpu_blocks`` is the KV capacity."""
+    cfg = replace(
         base,
         max_num_seqs=settings["max_num_seqs"],
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         gpu_memory_utilization=settings["mem_util"],
         kv_cache_dtype=settings["kv_cache_dtype"],
         max_model_len=settings.get("max_model_len"),
-        num_gpu_blocks_override=settings.get("num_gpu_blocks"),
     )
+    for key, field in _KWARG_FIELDS.items():
+        value = (kwargs or {}).get(key)
+        if value is not None:
+            cfg = replace(cfg, **{field: value})
+    if settings.get("num_gpu_blocks") is not None:
+        cfg = replace(cfg, num_gpu_blocks_override=settings["num_gpu_blocks"])
+    return cfg
 
 
 def _check_parallelism(gt: GroundTruth, settings: dict[str, Any], build: ClusterBuild) -> None:
@@ -79,12 +103,21 @@ def run_validation(
 ) -> ValidationRun:
     gt = load_groundtruth(truth)
     settings = engine_settings(gt)
-    config = base_config(settings, base or EngineConfig())
+    config = base_config(settings, base or EngineConfig(), gt.meta.get("engine_kwargs"))
     models: dict[str, ModelSpec] = {}
     if model_config:
         name = gt.cluster.instances[0].model_name
         models[name] = model_from_hf_config(model_config, name=name)
-    build = build_reference_cluster(gt.cluster, profiles, base=config, models=models)
+    # Models missing from the catalog: the HF configs beside the profiles in the reference
+    # data layout (<data>/profiles, <data>/configs/model/<org>/<name>.json).
+    configs = Path(profiles).parent / "configs" / "model"
+    build = build_reference_cluster(
+        gt.cluster,
+        profiles,
+        base=config,
+        models=models,
+        model_configs=configs if configs.is_dir() else None,
+    )
     _check_parallelism(gt, settings, build)
     limit = gt.meta.get("num_requests")
     requests = read_jsonl(workload, limit=int(limit) if limit else None)

@@ -82,3 +82,26 @@ def test_validate_cli_bad_truth_is_one_clear_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "ground-truth folder not found" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_recorded_block_count_is_the_capacity(shared_data: Path, tmp_path: Path) -> None:
+    """A run whose meta.json records kv_cache.num_gpu_blocks (a small card under KV pressure)
+    is simulated with that capacity; the formula's capacity is reported beside it."""
+    import shutil
+
+    truth, workload, profiles = _paths(shared_data)
+    copy = tmp_path / "RTXPRO6000" / "tight"
+    (copy / "vllm").mkdir(parents=True)
+    shutil.copy(truth / "config.json", copy / "config.json")
+    for name in ("requests.jsonl", "timeseries.csv"):
+        shutil.copy(truth / "vllm" / name, copy / "vllm" / name)
+    meta = json.loads((truth / "vllm" / "meta.json").read_text())
+    meta["kv_cache"] = {"num_gpu_blocks": 700}
+    meta["engine_kwargs"]["scheduler_reserve_full_isl"] = True
+    (copy / "vllm" / "meta.json").write_text(json.dumps(meta))
+    run = validate_mod.run_validation(copy, workload, profiles)
+    r = run.report
+    assert r["kv_cache"]["num_blocks"] == 700
+    assert r["kv_cache"]["formula_num_blocks"] == 36578
+    assert r["preemptions"] > 0
+    assert any("vLLM recorded 700 blocks; our formula gives 36578" in line for line in run.kv_lines)

@@ -128,7 +128,11 @@ class SweepRecorder:
             self._log_groundtruth()
 
     def job_done(self, idx: int, cfg: DictConfig, ret: JobReturn) -> None:
-        """Write the job's files, log its MLflow run, and keep its results-table row."""
+        """Write the job's files, log its MLflow run, and keep its results-table row.
+
+        The result's bulky payloads (Parquet and PNG bytes) are replaced by the paths of
+        the files written, so a long sweep does not hold them all in memory.
+        """
         point = task_config(cfg)
         out_dir = self._job_dir(cfg, ret)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +152,11 @@ class SweepRecorder:
         if ok:
             files = self._write_outputs(out_dir, value)
             row.update(value["metrics"])
+            # The bulky parts now live on disk; keep only their paths in memory.
+            for key, name in (("requests_parquet", "requests.parquet"),
+                              ("timeseries_png", "timeseries.png")):
+                if value.pop(key, None) is not None and (out_dir / name).is_file():
+                    value[key + "_file"] = str(out_dir / name)
         else:
             row["error"] = _error_text(value)
             (out_dir / "error.txt").write_text(row["error"])

@@ -46,6 +46,7 @@ def test_default_launcher_and_tracking_settings():
     assert cfg.hydra.launcher._target_.endswith("RayActorLauncher")
     assert cfg.hydra.launcher.validator == "sweep.validate:check_config"
     assert cfg.hydra.launcher.recorder == "sweep.recorder:SweepRecorder"
+    assert cfg.hydra.sweeper._target_.endswith("GridSweeper")
     assert cfg.hydra.job.name == "sweep"
     assert cfg.tracking.experiment == "default"
 
@@ -61,6 +62,11 @@ def test_every_model_option_names_a_catalog_entry(name):
     cfg = compose_cfg(f"model={name}")
     assert cfg.model.name in list_models()
     check_config(cfg)
+
+
+def test_basic_launcher_can_replace_the_ray_launcher():
+    cfg = compose_cfg("hydra/launcher=basic", hydra=True)
+    assert cfg.hydra.launcher._target_.endswith("BasicLauncher")
 
 
 def test_issue_hardware_and_models_are_shipped():

@@ -99,7 +99,7 @@ def test_single_run_recorder_writes_a_top_level_run_and_table(small_cfg, small_r
     cfg = OmegaConf.merge(small_cfg, {"tracking": {"uri": uri}})
     rec = SweepRecorder(cfg, tmp_path / "out", num_jobs=1, nested=False)
     rec.start()
-    rec.job_done(0, cfg, JobReturn(status=JobStatus.COMPLETED, _return_value=small_result))
+    rec.job_done(0, cfg, JobReturn(status=JobStatus.COMPLETED, _return_value=dict(small_result)))
     rec.close("FINISHED")
 
     client = MlflowClient(uri)

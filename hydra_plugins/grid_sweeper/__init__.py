@@ -1,0 +1,1 @@
+"""``hydra/sweeper=grid``: Hydra's basic grid sweeper without its up-front composition pass."""

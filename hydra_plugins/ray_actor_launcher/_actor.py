@@ -24,6 +24,9 @@ class JobFailure(RuntimeError):
 class JobRunner:
     """Runs one Hydra job at a time (the actor is created with ``max_concurrency=1``)."""
 
+    def __init__(self) -> None:
+        self._state_key: str | None = None
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -34,9 +37,13 @@ class JobRunner:
         sweep_config: DictConfig,
         task_function: TaskFunction,
         singleton_state: dict[Any, Any],
+        state_key: str,
     ) -> tuple[int, JobReturn]:
+        """Run job ``idx``; Hydra's global state is installed once per ``state_key``."""
         setup_globals()
-        Singleton.set_state(singleton_state)
+        if state_key != self._state_key:  # the same for every job of one launch
+            Singleton.set_state(singleton_state)
+            self._state_key = state_key
         HydraConfig.instance().set_config(sweep_config)
         ret = run_job(
             hydra_context=hydra_context,

@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -153,9 +154,10 @@ class RayActorLauncher(Launcher):
             ctx_ref = ray.put(self.hydra_context)
             fn_ref = ray.put(self.task_function)
             state_ref = ray.put(Singleton.get_state())
+            state_key = uuid.uuid4().hex
 
             def submit(actor: Any, item: tuple[int, DictConfig]) -> Any:
-                return actor.run.remote(item[0], ctx_ref, item[1], fn_ref, state_ref)
+                return actor.run.remote(item[0], ctx_ref, item[1], fn_ref, state_ref, state_key)
 
             progress = Progress(len(jobs), bool(self.params.progress))
             results: dict[int, JobReturn] = {}

@@ -8,7 +8,9 @@ if __name__ == "__main__":
     try:
         main()
     except KeyboardInterrupt:
-        # The launcher has already stopped the actors (and the Ray it started) and the
-        # recorder has written the results so far and marked the MLflow parent run KILLED.
-        print("\nsweep interrupted: actors stopped, partial results written", file=sys.stderr)
+        # In a multirun the launcher has already stopped its actors (and the Ray it
+        # started); the recorder wrote the points finished so far and marked the MLflow
+        # parent run KILLED.
+        print("\ninterrupted: stopped (a multirun keeps the points finished so far)",
+              file=sys.stderr)
         sys.exit(130)

@@ -93,7 +93,7 @@ and are stepped in lockstep by one driver (`benchmarks/fidelity/diff.py`):
   (async) over its `KVCacheManager`/`BlockPool`, built from a `VllmConfig` whose model folder
   holds only a tiny Llama `config.json` (`skip_tokenizer_init`, no weights), a
   `KVCacheConfig` with one full-attention group of `num_blocks` blocks (block 0 = null),
-  FCFS, prefix caching on, hash `sha256`. Requests are `vllm.v1.request.Request` with
+  FCFS, prefix caching on (off where the settings say so), hash `sha256`. Requests are `vllm.v1.request.Request` with
   `SamplingParams(max_tokens=output_len, ignore_eos=True)` and vLLM's request block hasher.
 - **Our side**: `engine.scheduler.Scheduler` over `engine.kv_cache.KVCacheManager`.
 - **Fake model**: after each step, every scheduled request whose prefill is complete
@@ -143,12 +143,16 @@ filled with output tokens (multi-turn), same-step sharing, duplicate cached bloc
 blocks on the free list counted against free capacity, LRU eviction on allocation,
 tail-first frees; the null block; usage; prefix-cache query/hit statistics (including
 repeated lookups of blocked requests); requests that finish on their first token; block
-sizes 8, 16 and 32 (the `fuzz-*` cases: 200 random small configurations and streams); `AsyncScheduler` with its placeholders, the max-tokens skip rule,
-outputs of requests preempted in flight, and the depth-2 batch queue.
+sizes 8, 16 and 32 (the `fuzz-*` cases: 200 random small configurations and streams);
+`AsyncScheduler` with its placeholders, the max-tokens skip rule, outputs of requests
+preempted in flight (and requests finishing while preempted), and the depth-2 batch queue.
+Self-preemption, several victims for one allocation and same-step sharing were confirmed
+present by instrumenting our engine's calls (e.g. `llama-tight400-sync`, `fuzz-3`,
+`repeats-sync`); the other corner cases are counted in the table above.
 
 Not covered (our engine does not model these, or the harness does not drive them):
-the `priority` policy; speculative decoding; KV connectors
-(offloading, LMCache, P/D); EOS or stop-token finishes (the replays use `ignore_eos`
+the `priority` policy; speculative decoding; KV connectors (offloading, LMCache, P/D;
+our `engine/kv_tiers.py` lower tiers); EOS or stop-token finishes (the replays use `ignore_eos`
 semantics: every request runs to its recorded output length); aborts; structured output;
 encoder/multimodal inputs; hybrid/sliding-window KV groups. The harness drives our
 `Scheduler` with vLLM's engine-core loop; `engine/instance.py`'s clocked loop follows the

@@ -154,9 +154,16 @@ Not covered (our engine does not model these, or the harness does not drive them
 the `priority` policy; speculative decoding; KV connectors (offloading, LMCache, P/D;
 our `engine/kv_tiers.py` lower tiers); EOS or stop-token finishes (the replays use `ignore_eos`
 semantics: every request runs to its recorded output length); aborts; structured output;
-encoder/multimodal inputs; hybrid/sliding-window KV groups. The harness drives our
-`Scheduler` with vLLM's engine-core loop; `engine/instance.py`'s clocked loop follows the
-same protocol but its timing is outside this comparison (time does not enter here).
+encoder/multimodal inputs; hybrid/sliding-window KV groups; pipeline and data parallelism
+in the engine loop. Time does not enter: the step durations of the latency model are not
+compared here.
+
+The harness drives our `Scheduler` with vLLM's engine-core loop. The simulator's own loop
+(`engine.instance.EngineUnit` under `engine.cluster.run_cluster`'s event clock) is checked
+against the harness's by `tests/fidelity/test_engine_loop.py`, which needs no vLLM and runs
+in the default CI: with every step lasting one tick and arrivals on tick boundaries, both
+loops make the same decisions (requests, token counts, preemptions) at the same ticks, for
+40 fuzz configurations and the repeats workload, sync and async.
 
 Engine-loop note: vLLM's `has_requests()` stays true while ids of finished requests await
 their flush, so after requests finish it schedules one empty batch; our scheduler does not

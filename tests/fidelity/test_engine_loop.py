@@ -1,0 +1,136 @@
+"""The simulator's own engine loop makes the decisions the differential harness checks.
+
+``benchmarks.fidelity`` drives our ``Scheduler`` with vLLM's engine-core loop (``Lane``) and
+shows it decides exactly what vLLM 0.19.1 decides. The simulator itself runs the scheduler
+from ``engine.instance.EngineUnit`` under ``engine.cluster.run_cluster``'s event clock. With
+every step lasting one tick and arrivals on tick boundaries, the two loops must schedule the
+same requests with the same token counts, preempt the same requests, and do it at the same
+tick; otherwise the fidelity shown by the harness would not carry over to simulations. No
+vLLM needed: this runs in the default CI.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks.fidelity.cases import fuzz_workload, repeats  # noqa: E402
+from benchmarks.fidelity.diff import Lane  # noqa: E402
+from benchmarks.fidelity.sides import OursSide, SchedConfig  # noqa: E402
+from engine.batch import BatchShape  # noqa: E402
+from engine.cluster import Router, run_cluster  # noqa: E402
+from engine.instance import EngineUnit, Member  # noqa: E402
+from engine.kv_cache import KVCacheManager  # noqa: E402
+from engine.request import Request  # noqa: E402
+from engine.scheduler import ScheduledStep, Scheduler  # noqa: E402
+from engine.workload import RequestSpec  # noqa: E402
+
+TICK = 30_000_000
+
+Decision = tuple[int, tuple[tuple[str, int], ...], tuple[str, ...]]
+
+
+class ConstantLatency:
+    """Every step takes one tick."""
+
+    def iteration_ns(self, shape: BatchShape) -> int:
+        return TICK
+
+
+class RecordingScheduler(Scheduler):
+    """Our scheduler, noting each non-empty decision with the tick it was made at."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.decisions: list[Decision] = []
+
+    def schedule(self, now_ns: int) -> ScheduledStep:
+        step = super().schedule(now_ns)
+        if step.reqs or step.preempted:
+            assert now_ns % TICK == 0, f"a schedule off the tick grid at {now_ns} ns"
+            self.decisions.append(
+                (
+                    now_ns // TICK,
+                    tuple((r.request_id, n) for r, n in zip(step.reqs, step.num_tokens, strict=True)),
+                    tuple(sorted(r.request_id for r in step.preempted)),
+                )
+            )
+        return step
+
+
+def _on_ticks(specs: list[RequestSpec]) -> list[RequestSpec]:
+    """Move each arrival up to the next tick boundary (both loops then see it at once)."""
+    return [replace(s, arrival_ns=-(-s.arrival_ns // TICK) * TICK) for s in specs]
+
+
+def _engine_loop(cfg: SchedConfig, specs: list[RequestSpec]) -> list[Decision]:
+    kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.max_model_len, cfg.enable_prefix_caching)
+    sched = RecordingScheduler(
+        kv,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_model_len=cfg.max_model_len,
+        long_prefill_token_threshold=cfg.long_prefill_token_threshold,
+        reserve_full_isl=cfg.reserve_full_isl,
+        async_scheduling=cfg.async_scheduling,
+        enable_chunked_prefill=cfg.enable_chunked_prefill,
+    )
+    unit = EngineUnit([Member("i0", sched, ConstantLatency())])
+    reqs = [
+        Request(s, i, cfg.block_size, cfg.enable_prefix_caching) for i, s in enumerate(specs)
+    ]
+    run_cluster([unit], reqs, Router("round_robin"))
+    assert all(r.is_finished for r in reqs)
+    return sched.decisions
+
+
+def _harness_loop(cfg: SchedConfig, specs: list[RequestSpec]) -> list[Decision]:
+    lane = Lane(OursSide(cfg), specs, 2 if cfg.async_scheduling else 1)
+    out: list[Decision] = []
+    k = 0
+    while not lane.done:
+        tick = lane.tick(k, k * TICK)
+        for rec in tick.sched:
+            out.append((k, tuple((rid, n) for rid, n, _ in rec.scheduled), rec.preempted))
+        if tick.idle and lane.next < len(specs):
+            k = max(k + 1, -(-specs[lane.next].arrival_ns // TICK))
+        else:
+            k += 1
+        assert k < 1_000_000
+    return out
+
+
+def _first_difference(a: list[Decision], b: list[Decision]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return f"decision {i}: engine loop {x} vs harness loop {y}"
+    return f"lengths differ: engine loop {len(a)} vs harness loop {len(b)}"
+
+
+FUZZ_SEEDS = list(range(40))
+
+
+@pytest.mark.parametrize("seed", FUZZ_SEEDS)
+def test_engine_loop_matches_harness_loop_fuzz(seed: int) -> None:
+    settings, specs = fuzz_workload(seed)
+    cfg = SchedConfig(**settings)  # type: ignore[arg-type]
+    specs = _on_ticks(specs)
+    a, b = _engine_loop(cfg, specs), _harness_loop(cfg, specs)
+    assert a == b, _first_difference(a, b)
+
+
+@pytest.mark.parametrize("asyn", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("blocks", [80, 2000])
+def test_engine_loop_matches_harness_loop_repeats(asyn: bool, blocks: int) -> None:
+    cfg = SchedConfig(num_blocks=blocks, max_num_batched_tokens=256, async_scheduling=asyn)
+    specs = _on_ticks(repeats(150))
+    a, b = _engine_loop(cfg, specs), _harness_loop(cfg, specs)
+    assert len(a) > 50
+    assert a == b, _first_difference(a, b)

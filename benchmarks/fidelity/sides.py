@@ -1,9 +1,10 @@
 """The two schedulers under test behind one interface, and the per-step records they emit.
 
-A *side* owns one scheduler + KV cache manager and exposes: ``add`` (a request), ``has_requests``,
-``schedule`` (returns an opaque handle for the step plus a :class:`SchedRecord`), ``update``
-(applies a step's fake model output, returns an :class:`UpdateRecord`), ``free_queue`` (the
-free-block queue, head first), ``ledger`` (ref counts and prefix-cache index), ``prefix_stats`` and ``describe`` (state for a divergence
+A *side* owns one scheduler + KV cache manager and exposes: ``add`` (a request),
+``has_requests``, ``schedule`` (returns an opaque handle for the step plus a
+:class:`SchedRecord`), ``update`` (applies a step's fake model output, returns an
+:class:`UpdateRecord`), ``free_queue`` (the free-block queue, head first), ``ledger`` (ref
+counts and prefix-cache index), ``prefix_stats`` and ``describe`` (state for a divergence
 report). Records hold only what both schedulers expose, in the same units, so the driver can
 compare them with ``==``.
 

@@ -111,6 +111,12 @@ def validate_engine_config(config: EngineConfig) -> None:
         v = getattr(config, name)
         if not isinstance(v, int) or v <= 0:
             raise ConfigError(f"{name}={v!r} must be a positive integer")
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise ConfigError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_num_seqs="
+            f"{config.max_num_seqs}; vLLM refuses this: raise max_num_batched_tokens or lower "
+            "max_num_seqs"
+        )
     if config.long_prefill_token_threshold < 0:
         raise ConfigError(
             f"long_prefill_token_threshold={config.long_prefill_token_threshold} must be >= 0 "

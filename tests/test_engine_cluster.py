@@ -127,7 +127,7 @@ def test_pipeline_parallel_keeps_several_batches_in_flight() -> None:
     # A small token budget spreads the requests over several batches (vLLM V1 never puts a
     # request in two in-flight batches), which the pipeline then overlaps.
     w = reqs(16, gap_ns=0, olen=16)
-    cfg = replace(CFG, async_scheduling=False, max_num_batched_tokens=64)
+    cfg = replace(CFG, async_scheduling=False, max_num_batched_tokens=64, max_num_seqs=16)
     pp1 = simulate_cluster([inst("a", latency=Staged(1), config=cfg)], w)
     pp4 = simulate_cluster(
         [inst("a", latency=Staged(4), config=replace(cfg, pipeline_parallel_size=4))], w

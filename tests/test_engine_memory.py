@@ -126,3 +126,10 @@ def test_idle_clock_jumps_to_arrivals_and_times_are_consistent() -> None:
         assert all(len(t) == 4 for t in df.token_times_ns)
         assert (df.finish_ns >= df.first_token_ns).all()
         assert res.num_steps == 8
+
+
+def test_budget_below_max_num_seqs_is_refused_as_vllm_does() -> None:
+    with pytest.raises(ConfigError, match="max_num_batched_tokens=64 is below max_num_seqs=128"):
+        kv_capacity(
+            load_model("meta-llama/Llama-3.1-8B"), _hw(96), EngineConfig(max_num_batched_tokens=64)
+        )

@@ -1,0 +1,194 @@
+"""``python -m analysis.report <study dir>``: a self-contained HTML report of a capacity study.
+
+Reads what ``python -m sweep.capacity`` wrote (``capacity.parquet``, ``probes.parquet``,
+``study.json`` and, after fleet sizing, ``fleet.parquet``), draws the plots into
+``<dir>/plots/`` (cost Pareto front, throughput vs interactivity, latency vs load per
+configuration) and writes ``<dir>/report.html`` with the tables and the plots embedded as
+base64 PNGs, so the one file can be mailed or committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.report_plots import interactivity_png, latency_file, latency_vs_load_png, pareto_png
+from engine.specs import ConfigError
+
+ANSWER_COLUMNS = {
+    "config": "configuration",
+    "status": "status",
+    "max_rate": "max rate (req/s)",
+    "rel_gap": "bracket gap",
+    "probes": "probes",
+    "cached_probes": "from cache",
+    "num_gpus": "GPUs",
+    "usd_per_hour": "USD/hour",
+    "goodput_rps": "goodput (req/s)",
+    "goodput_tok_s": "goodput (out tok/s)",
+    "tok_s_per_gpu": "out tok/s/GPU",
+    "tok_s_per_user": "out tok/s/user",
+    "usd_per_m_tokens": "USD / 1M out tokens",
+}
+FLEET_COLUMNS = {
+    "rank": "rank", "config": "configuration", "replicas": "replicas", "num_gpus": "GPUs",
+    "usd_per_hour": "USD/hour", "usd_per_m_tokens": "USD / 1M out tokens",
+    "capacity_rps": "capacity (req/s)", "utilization": "utilisation",
+}
+CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}th,td{border:1px solid #ccc;
+padding:4px 8px;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+tr.best td{background:#eef7ee}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+code{background:#f5f5f5;padding:1px 4px}dl{display:grid;grid-template-columns:max-content auto;
+gap:2px 12px}dt{font-weight:600}"""
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if math.isinf(value):
+            return "∞"
+        return f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def _table(frame: pd.DataFrame, columns: dict[str, str], best_first: bool = False) -> str:
+    cols = [c for c in columns if c in frame.columns]
+    head = "".join(f"<th>{html.escape(columns[c])}</th>" for c in cols)
+    rows = []
+    for i, row in enumerate(frame[cols].itertuples(index=False)):
+        cls = ' class="best"' if best_first and i == 0 else ""
+        rows.append(f"<tr{cls}>" + "".join(f"<td>{_fmt(v)}</td>" for v in row) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _img(data: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+
+
+def load_study(study_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame | None, dict[str, Any]]:
+    """The study's answers, probes, fleet (or ``None``) and metadata."""
+    needed = [study_dir / "capacity.parquet", study_dir / "probes.parquet", study_dir / "study.json"]
+    missing = [p.name for p in needed if not p.is_file()]
+    if missing:
+        raise ConfigError(
+            f"{study_dir} is not a capacity study directory (missing {missing}); give the "
+            "output directory of `python -m sweep.capacity`, e.g. outputs/capacity_search/<timestamp>"
+        )
+    fleet_path = study_dir / "fleet.parquet"
+    fleet = pd.read_parquet(fleet_path) if fleet_path.is_file() else None
+    meta = json.loads((study_dir / "study.json").read_text())
+    return pd.read_parquet(needed[0]), pd.read_parquet(needed[1]), fleet, meta
+
+
+def render(study_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw the plots into ``<dir>/plots`` and write the HTML report; return its path."""
+    study_dir = Path(study_dir)
+    answers, probes, fleet, meta = load_study(study_dir)
+    plots_dir = study_dir / "plots"
+    plots_dir.mkdir(exist_ok=True)
+    bounds = dict(meta["slo"]["bounds"])
+    study = meta.get("study", {})
+    name = str(study.get("name", study_dir.name))
+    pngs: dict[str, bytes] = {"pareto.png": pareto_png(answers, f"{name}: {meta['slo_text']}")}
+    if "tpot_ms_median" in probes.columns and len(probes):
+        pngs["interactivity.png"] = interactivity_png(probes, list(answers["config"]))
+    for row in answers.itertuples(index=False):
+        part = probes[probes["config"] == row.config] if len(probes) else probes
+        pngs[latency_file(row.config)] = latency_vs_load_png(
+            part, bounds, float(row.max_rate), f"{row.config}: {meta['slo_text']}")
+    for file, data in pngs.items():
+        (plots_dir / file).write_bytes(data)
+    body = [f"<h1>Capacity study: {html.escape(name)}</h1>"]
+    if study.get("description"):
+        body.append(f"<p>{html.escape(str(study['description']))}</p>")
+    body.append(_summary(answers, meta))
+    body.append("<h2>Max sustained rate per configuration</h2>")
+    body.append("<p>The largest arrival rate (requests/s, per replica) at which the run met the "
+                "SLO, found by bracketing and bisection; the bracket gap is hi/lo − 1 of the "
+                "final bracket. Goodput, cost and per-GPU figures are those of the probe at the "
+                "answer rate; USD per 1M output tokens counts only tokens of requests meeting "
+                "the SLO.</p>")
+    ranked = answers.sort_values("usd_per_m_tokens", kind="stable")
+    body.append(_table(ranked, ANSWER_COLUMNS))
+    slo_cols = {c: c.removeprefix("slo_") + " at max rate" for c in answers.columns
+                if c.startswith("slo_")}
+    if slo_cols:
+        body.append(_table(ranked, {"config": "configuration", **slo_cols}))
+    if fleet is not None:
+        body.append(f"<h2>Cheapest fleet for {_fmt(meta.get('target_rate'))} req/s</h2>")
+        body.append("<p>Replicas are independent instances each taking an equal share of the "
+                    "traffic (a Poisson stream split at random stays Poisson), so a "
+                    "configuration sustaining <i>r</i> req/s needs ⌈target / <i>r</i>⌉ replicas. "
+                    "Rank 1 is the answer, the rest are the runner-ups.</p>")
+        body.append(_table(fleet, FLEET_COLUMNS, best_first=True) if len(fleet) else
+                    "<p><b>No configuration serves the target within the replica limit.</b></p>")
+    body.append("<h2>Cost vs sustained rate</h2>" + _img(pngs["pareto.png"], "Pareto plot"))
+    if "interactivity.png" in pngs:
+        body.append("<h2>Throughput per GPU vs per user</h2>"
+                    + _img(pngs["interactivity.png"], "throughput vs interactivity"))
+    body.append("<h2>Latency vs load</h2>")
+    for row in answers.itertuples(index=False):
+        body.append(f"<h3>{html.escape(row.config)}</h3>"
+                    + _img(pngs[latency_file(row.config)], f"latency vs load, {row.config}"))
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(name)}"
+            f"</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    path = Path(out) if out else study_dir / "report.html"
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def _summary(answers: pd.DataFrame, meta: dict[str, Any]) -> str:
+    s = meta.get("settings", {})
+    wl = meta.get("workload", {})
+    counts = answers.loc[answers["probes"] > 0, "probes"]
+    items = {
+        "model": meta.get("model", ""),
+        "SLO": meta["slo_text"],
+        "workload": f"{wl.get('kind', '')}, {wl.get('num_requests') or wl.get('duration_s')} "
+                    f"{'requests' if wl.get('num_requests') else 's'}, {wl.get('arrival', '')} "
+                    f"arrivals, input {wl.get('input_len')}, output {wl.get('output_len')}, "
+                    f"seed {wl.get('seed')}",
+        "search": f"tolerance {100 * float(s.get('tolerance', math.nan)):g} %, growth "
+                  f"{s.get('growth')}, start {s.get('initial_rate') or 'saturation probe'}",
+        "probes": f"{meta.get('probes_total')} ({meta.get('probes_simulated')} simulated, rest "
+                  f"from cache); per configuration mean {counts.mean():.1f}, max "
+                  f"{int(counts.max()) if len(counts) else 0}",
+        "wall time": f"search {meta.get('search_wall_s', math.nan):.1f} s on "
+                     f"{meta.get('pool_size')} workers",
+        "common overrides": " ".join(meta.get("common_overrides", [])),
+    }
+    rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>"
+                   for k, v in items.items())
+    return f"<dl>{rows}</dl>"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m analysis.report",
+                                     description="HTML report of a capacity study")
+    parser.add_argument("study_dir", help="output directory of python -m sweep.capacity")
+    parser.add_argument("--out", help="HTML file to write (default <study_dir>/report.html)")
+    args = parser.parse_args(argv)
+    try:
+        path = render(args.study_dir, args.out)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""``python -m sweep.capacity +experiment=capacity_search``: max load under SLO per configuration.
+
+The grid is the experiment's ``hydra.sweeper.params`` (the same syntax as ``python -m sweep``
+studies; change a list with ``"hydra.sweeper.params.hardware='h100_sxm,l40s'"``); other
+command-line overrides apply to every configuration. Run *without* ``-m``: this command searches each configuration's max
+rate itself (``analysis.capacity.RateSearch``), probes of all configurations running
+concurrently on a Ray actor pool (``capacity.pool``). Settings live under ``capacity``
+(``sweep.capacity_schema``). With ``capacity.target_rate`` it also sizes the cheapest fleet.
+
+Writes into the run directory (``outputs/<study>/<timestamp>/``): ``capacity.parquet`` (one
+answer per configuration), ``probes.parquet``, ``fleet.parquet`` (fleet sizing),
+``study.json``, ``plots/*.png`` and ``report.html``; and to MLflow a parent run for the
+study, one run per configuration (max rate, goodput, GPUs, $/hour, $/1M tokens) with each
+probe as its child run, and a ``fleet-sizing`` run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import pandas as pd
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from analysis.capacity import SearchSettings, size_fleet
+from analysis.slo import SloSpec
+from engine.specs import ConfigError
+from sweep.capacity_schema import register
+from sweep.capacity_study import CapacityStudy, Configuration, ProbeCache
+from sweep.validate import check_config
+
+log = logging.getLogger(__name__)
+register()
+
+SHORT_KEYS = {
+    "tensor_parallel_size": "tp",
+    "gpu_memory_utilization": "mem",
+    "max_num_seqs": "seqs",
+    "max_num_batched_tokens": "batched",
+}
+ANSWER_METRICS = ("max_rate", "goodput_rps", "goodput_tok_s", "num_gpus", "usd_per_hour",
+                  "usd_per_m_tokens", "probes", "cached_probes", "rel_gap", "tok_s_per_gpu")
+
+
+def grid(hc: Any) -> tuple[list[str], list[dict[str, str]]]:
+    """``(common overrides, one override dict per configuration)``: the grid is the product
+    of the ``hydra.sweeper.params`` lists; a command-line override of a grid key fixes it."""
+    parser = OverridesParser.create()
+    params = OmegaConf.to_container(hc.sweeper.params, resolve=False) if hc.sweeper.get("params") else {}
+    axes: dict[str, list[str]] = {}
+    for o in parser.parse_overrides([f"{k}={v}" for k, v in (params or {}).items()]):
+        axes[o.get_key_element()] = list(o.sweep_string_iterator())
+    common = []
+    for o in parser.parse_overrides(list(hc.overrides.task)):
+        axes.pop(o.get_key_element(), None)
+        common.append(o.input_line)
+    keys = list(axes)
+    combos = [dict(zip(keys, values, strict=True)) for values in itertools.product(*axes.values())]
+    return common, combos
+
+
+def label(overrides: dict[str, str]) -> str:
+    """A short name: group choices by value, other keys as ``tp=2``."""
+    parts = []
+    for key, value in overrides.items():
+        if "." not in key:
+            parts.append(value)
+        else:
+            leaf = key.rsplit(".", 1)[1]
+            parts.append(f"{SHORT_KEYS.get(leaf, leaf)}={value}")
+    return " ".join(parts) or "default"
+
+
+def compose_configs(common: list[str], combos: list[dict[str, str]]) -> list[Configuration]:
+    """Compose and validate every configuration; the first invalid one stops the study."""
+    configs = []
+    for combo in combos:
+        overrides = common + [f"{k}={v}" for k, v in combo.items()]
+        cfg = hydra.compose(config_name="config", overrides=overrides)
+        try:
+            check_config(cfg)
+        except ConfigError as err:
+            raise SystemExit(
+                f"Invalid configuration ({' '.join(f'{k}={v}' for k, v in combo.items())}); "
+                f"nothing was run.\n{err}"
+            ) from None
+        point = OmegaConf.to_container(cfg, resolve=True)
+        assert isinstance(point, dict)
+        point.pop("capacity", None)
+        configs.append(Configuration(label(combo), combo, point))
+    names = [c.label for c in configs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"grid gives duplicate configurations: {names}")
+    return configs
+
+
+def settings_of(cap: DictConfig) -> SearchSettings:
+    s = SearchSettings(
+        tolerance=cap.tolerance, initial_rate=cap.initial_rate,
+        saturation_rate=cap.saturation_rate, start_fraction=cap.start_fraction,
+        growth=cap.growth, min_rate=cap.min_rate, max_rate=cap.max_rate,
+        max_probes=cap.max_probes,
+    )
+    s.check()
+    return s
+
+
+def probe_cache_dir(value: str | None) -> Path | None:
+    """``capacity.cache_dir`` as a path (``auto``: beside the roofline bundle cache)."""
+    if value is None:
+        return None
+    if value == "auto":
+        env = os.environ.get("SERVESWEEP_CACHE")
+        root = Path(env) if env else Path("~/.cache/servesweep")
+        return (root / "capacity_probes").expanduser()
+    from sweep.validate import resolve_path
+
+    return resolve_path(str(Path(value).expanduser()))
+
+
+def make_pool(cap: DictConfig, num_configs: int) -> Any:
+    from sweep.capacity_pool import LocalProbePool, RayProbePool
+
+    if cap.pool.num_actors == 0:
+        return LocalProbePool()
+    # More actors than configurations would idle: each search has one probe in flight.
+    wanted = min(cap.pool.num_actors or os.cpu_count() or 1, num_configs)
+    return RayProbePool(wanted, cap.pool.probe_timeout_s, cap.pool.address)
+
+
+def run_study(cfg: DictConfig) -> dict[str, Any]:
+    """The whole command: compose, search, size the fleet, write tables/plots/report, log."""
+    t0 = time.perf_counter()
+    hc = HydraConfig.get()
+    out_dir = Path(hc.runtime.output_dir)
+    cap = cfg.capacity
+    try:
+        spec = SloSpec.parse(OmegaConf.to_container(cap.slo, resolve=True), cap.goodput_fraction)
+        settings = settings_of(cap)
+    except (ConfigError, ValueError) as err:
+        raise SystemExit(f"Invalid capacity settings; nothing was run.\n{err}") from None
+    if cap.target_rate is not None and not cap.target_rate > 0:
+        raise SystemExit(f"capacity.target_rate={cap.target_rate!r} is not allowed; "
+                         "allowed: null (no fleet sizing) or a rate > 0 (req/s)")
+    common, combos = grid(hc)
+    configs = compose_configs(common, combos)
+    log.info(f"{len(configs)} configurations; SLO: {spec.describe()}; "
+             f"tolerance {100 * settings.tolerance:g} %")
+    cache_dir = probe_cache_dir(cap.cache_dir)
+    tracker = sink = None
+    if cfg.tracking.uri:
+        from sweep.capacity_tracking import MlflowSink
+
+        tracker_sink = MlflowSink.open(cfg, out_dir, spec)
+        tracker, sink = tracker_sink.tracker, tracker_sink
+    pool = make_pool(cap, len(configs))
+    status = "FAILED"
+    try:
+        study = CapacityStudy(configs, spec, settings, pool, ProbeCache(cache_dir), sink)
+        answers, probes = study.run()
+        status = "FINISHED"
+    finally:
+        pool.close()
+        if sink is not None and status != "FINISHED":
+            sink.close(status, [])
+    fleet = None
+    if cap.target_rate is not None:
+        fleet = size_fleet(answers, float(cap.target_rate), cap.max_replicas, cap.fleet_top)
+    meta = {
+        "study": OmegaConf.to_container(cfg.study, resolve=True),
+        "model": cfg.model.name,
+        "slo": spec.as_dict(),
+        "slo_text": spec.describe(),
+        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        "grid": {k: sorted({c.overrides[k] for c in configs}) for k in combos[0]} if combos else {},
+        "common_overrides": common,
+        "workload": OmegaConf.to_container(cfg.workload, resolve=True),
+        "target_rate": cap.target_rate,
+        "pool_size": pool.size,
+        "probes_simulated": study.simulated,
+        "probes_total": int(len(probes)),
+        "search_wall_s": study.wall_s,
+    }
+    files = write_outputs(out_dir, answers, probes, fleet, meta)
+    from analysis.report import render
+
+    report = render(out_dir)
+    meta["total_wall_s"] = time.perf_counter() - t0
+    (out_dir / "study.json").write_text(json.dumps(meta, indent=1, default=str))
+    if sink is not None:
+        sink.log_fleet(fleet, float(cap.target_rate) if cap.target_rate else None)
+        sink.close(status, [*files, report, *sorted((out_dir / "plots").glob("*.png"))])
+    print_summary(answers, fleet, meta, out_dir)
+    return {"answers": answers, "fleet": fleet, "dir": str(out_dir), "tracker": tracker is not None}
+
+
+def write_outputs(out_dir: Path, answers: pd.DataFrame, probes: pd.DataFrame,
+                  fleet: pd.DataFrame | None, meta: dict[str, Any]) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [out_dir / "capacity.parquet", out_dir / "probes.parquet"]
+    answers.to_parquet(files[0], index=False)
+    probes.to_parquet(files[1], index=False)
+    if fleet is not None:
+        files.append(out_dir / "fleet.parquet")
+        fleet.to_parquet(files[-1], index=False)
+    files.append(out_dir / "study.json")
+    files[-1].write_text(json.dumps(meta, indent=1, default=str))
+    return files
+
+
+def print_summary(answers: pd.DataFrame, fleet: pd.DataFrame | None, meta: dict[str, Any],
+                  out_dir: Path) -> None:
+    cols = ["config", "status", "max_rate", "probes", "cached_probes", "num_gpus",
+            "usd_per_hour", "usd_per_m_tokens", "goodput_tok_s"]
+    print(f"\nSLO: {meta['slo_text']}")
+    print(answers[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if fleet is not None:
+        print(f"\nCheapest fleets for {meta['target_rate']:g} req/s:")
+        print(fleet.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    done = answers[answers["probes"] > 0]["probes"]
+    mean = float(done.mean()) if len(done) else math.nan
+    print(f"\n{meta['probes_total']} probes ({meta['probes_simulated']} simulated, the rest "
+          f"from the cache), {mean:.1f} per configuration (max {done.max() if len(done) else 0}); "
+          f"search {meta['search_wall_s']:.1f} s on {meta['pool_size']} workers")
+    print(f"report: {out_dir / 'report.html'}")
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    if HydraConfig.get().mode is not None and str(HydraConfig.get().mode) == "RunMode.MULTIRUN":
+        raise SystemExit("python -m sweep.capacity runs its own search: drop -m")
+    run_study(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Where capacity probes run: one probe = one simulated point checked against the SLO.
+
+``run_probe`` is the unit of work (plain dicts in, plain dict out, so it crosses process
+boundaries). ``RayProbePool`` runs probes of many configurations at once on a pool of
+long-lived Ray actors (loaded profiles stay warm in each actor), accepting new probes while
+others run, which the launcher's batch-oriented ``ActorSet`` cannot; every wait on Ray has a
+timeout, an overdue probe kills and replaces its actor. ``LocalProbePool`` runs them one by
+one in this process (tests, ``capacity.pool.num_actors=0``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+STATS = ("mean", "median", "p90", "p95", "p99")
+KEPT_METRICS = (
+    "request_throughput", "output_throughput", "total_token_throughput", "completed",
+    "duration_s", "num_preemptions", "kv_usage_pct_max", "queueing_delay_ms_mean",
+    "sim_wall_s", "num_gpus", "usd_per_hour",
+) + tuple(f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in STATS)
+
+
+def run_probe(point: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
+    """Simulate ``point`` (a resolved sweep config as plain data) and check it against ``slo``
+    (``SloSpec.as_dict()``). Returns the SLO verdict, goodput and the run's key metrics."""
+    from omegaconf import OmegaConf
+
+    from analysis.slo import SloSpec, evaluate
+    from sweep.job import run_point
+
+    t0 = time.perf_counter()
+    cfg = OmegaConf.create(point)
+    spec = SloSpec.parse(slo["bounds"], slo["goodput_fraction"])
+    result = run_point(cfg)
+    requests = pd.read_parquet(io.BytesIO(result["requests_parquet"]))
+    report = evaluate(requests, spec)
+    metrics = result["metrics"]
+    out_tokens = float(requests["output_len"].sum())
+    return {
+        "passed": report.passed,
+        "margin": report.margin,
+        "margins": report.margins,
+        "observed": report.observed,
+        "good_fraction": report.good_fraction,
+        "goodput_rps": report.goodput_rps,
+        "goodput_tok_s": report.goodput_tok_s,
+        "output_tokens_per_request": out_tokens / len(requests) if len(requests) else 0.0,
+        "metrics": {k: float(metrics[k]) for k in KEPT_METRICS if k in metrics},
+        "probe_wall_s": time.perf_counter() - t0,
+    }
+
+
+@dataclass
+class Done:
+    """A finished probe: ``value`` (``run_probe``'s dict) or ``error`` text."""
+
+    key: Any
+    value: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class LocalProbePool:
+    """Runs each submitted probe at once, in this process."""
+
+    size = 1
+
+    def __init__(self, fn: Callable[..., dict[str, Any]] = run_probe) -> None:
+        self._fn = fn
+        self._done: deque[Done] = deque()
+
+    def submit(self, key: Any, *args: Any) -> None:
+        try:
+            self._done.append(Done(key, value=self._fn(*args)))
+        except Exception as err:  # a probe's failure is reported, the study goes on
+            self._done.append(Done(key, error=f"{type(err).__name__}: {err}"))
+
+    @property
+    def busy(self) -> int:
+        return len(self._done)
+
+    def next_done(self) -> Done:
+        return self._done.popleft()
+
+    def close(self) -> None:
+        self._done.clear()
+
+
+class ProbeWorker:
+    """The Ray actor body: runs one probe at a time."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, point: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
+        return run_probe(point, slo)
+
+
+class RayProbePool:
+    """Probes on ``num_actors`` Ray actors (``None``: one per CPU); starts a private local
+    Ray unless ``address`` names a cluster (``auto`` or ``host:port``)."""
+
+    def __init__(self, num_actors: int | None, probe_timeout_s: float = 600.0,
+                 address: str | None = "local", ready_timeout_s: float = 120.0) -> None:
+        import ray
+
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            if address in (None, "local"):
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+                ray.init(include_dashboard=False, object_store_memory=200 * 1024**2,
+                         log_to_driver=True)
+            else:
+                ray.init(address=address)
+            self._started = True
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.size = max(1, min(num_actors or cpus, cpus))
+        self._remote = ray.remote(ProbeWorker).options(num_cpus=1, max_concurrency=1)
+        self._timeout = probe_timeout_s
+        self._actors = [self._remote.remote() for _ in range(self.size)]
+        ray.get([a.pid.remote() for a in self._actors], timeout=ready_timeout_s)
+        self._idle: deque[Any] = deque(self._actors)
+        self._queue: deque[tuple[Any, tuple[Any, ...]]] = deque()
+        self._running: dict[Any, tuple[Any, Any, float]] = {}  # ref -> key, actor, start
+        self._done: deque[Done] = deque()
+
+    @property
+    def busy(self) -> int:
+        return len(self._queue) + len(self._running) + len(self._done)
+
+    def submit(self, key: Any, *args: Any) -> None:
+        self._queue.append((key, args))
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._queue and self._idle:
+            key, args = self._queue.popleft()
+            actor = self._idle.popleft()
+            self._running[actor.run.remote(*args)] = (key, actor, time.monotonic())
+
+    def next_done(self) -> Done:
+        """Block until a probe finishes (or times out) and return it."""
+        ray = self._ray
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        while not self._done:
+            if not self._running:
+                raise RuntimeError("next_done() with no probe submitted")
+            ready, _ = ray.wait(list(self._running), num_returns=1, timeout=0.5)
+            for ref in ready:
+                key, actor, _ = self._running.pop(ref)
+                try:
+                    self._done.append(Done(key, value=ray.get(ref, timeout=60)))
+                    self._idle.append(actor)
+                except RayActorError as err:
+                    self._replace(actor)
+                    self._done.append(Done(key, error=f"actor died while probing: {err}"))
+                except (RayTaskError, GetTimeoutError) as err:
+                    self._idle.append(actor)
+                    self._done.append(Done(key, error=f"{type(err).__name__}: {err}"))
+            now = time.monotonic()
+            for ref, (key, actor, started) in list(self._running.items()):
+                if now - started > self._timeout:
+                    self._running.pop(ref)
+                    ray.kill(actor)
+                    self._replace(actor)
+                    self._done.append(Done(key, error=f"probe timed out after {self._timeout:g} s"))
+            self._fill()
+        return self._done.popleft()
+
+    def _replace(self, dead: Any) -> None:
+        self._actors.remove(dead)
+        fresh = self._remote.remote()
+        self._actors.append(fresh)
+        self._idle.append(fresh)
+
+    def close(self) -> None:
+        for actor in self._actors:
+            self._ray.kill(actor)
+        self._actors.clear()
+        if self._started:
+            self._ray.shutdown()
+            self._started = False

@@ -1,0 +1,70 @@
+"""The ``capacity`` config node of ``python -m sweep.capacity``, added to the sweep schema.
+
+``register()`` stores ``CapacitySweepConfig`` (the sweep's ``SweepConfig`` plus ``capacity``)
+as ``base_config``, so ``conf/config.yaml`` composes it unchanged and a misspelt
+``capacity.*`` key fails at composition time like any other key.
+"""
+
+# No `from __future__ import annotations`: OmegaConf reads these annotations at runtime.
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from sweep.schema import SweepConfig
+
+
+@dataclass
+class PoolConf:
+    """Where probes run: ``num_actors`` Ray actors (``null``: one per CPU, never more than
+    configurations; ``0``: in this process, no Ray), on ``address`` (``local`` starts a
+    private Ray); a probe running longer than ``probe_timeout_s`` fails its configuration."""
+
+    num_actors: int | None = None
+    probe_timeout_s: float = 600.0
+    address: str | None = "${oc.env:RAY_ADDRESS,local}"
+
+
+@dataclass
+class CapacityConf:
+    """SLO, search and fleet-sizing settings (see ``analysis.slo``, ``analysis.capacity``).
+
+    ``slo``: bounds ``<ttft|tpot|itl|e2el>_ms_<mean|median|pNN>: <ms>`` (null drops one);
+    ``goodput_fraction``: null or the share of requests that must meet every bound.
+    Search: relative ``tolerance``; start at ``initial_rate`` or, when null, at
+    ``start_fraction`` x the throughput of a saturation probe at ``saturation_rate``
+    (``.inf``: all requests at t = 0); bracket by ``growth`` within ``min_rate`` ..
+    ``max_rate``; at most ``max_probes``. Probe results are cached in ``cache_dir``
+    (``auto``: ``$SERVESWEEP_CACHE/capacity_probes``, else
+    ``~/.cache/servesweep/capacity_probes``; null: no cache). ``target_rate`` (req/s): size the cheapest fleet, up to
+    ``max_replicas`` replicas per option, listing ``fleet_top`` options.
+    """
+
+    slo: dict[str, float | None] = field(default_factory=dict)
+    goodput_fraction: float | None = None
+    tolerance: float = 0.02
+    initial_rate: float | None = None
+    saturation_rate: float = float("inf")
+    start_fraction: float = 0.8
+    growth: float = 2.0
+    min_rate: float = 0.01
+    max_rate: float = 10000.0
+    max_probes: int = 20
+    cache_dir: str | None = "auto"
+    target_rate: float | None = None
+    max_replicas: int = 64
+    fleet_top: int = 5
+    pool: PoolConf = field(default_factory=PoolConf)
+
+
+@dataclass
+class CapacitySweepConfig(SweepConfig):
+    """The sweep config with a ``capacity`` node."""
+
+    capacity: CapacityConf = field(default_factory=CapacityConf)
+
+
+def register() -> None:
+    """Store ``CapacitySweepConfig`` as ``base_config`` (idempotent)."""
+    ConfigStore.instance().store(name="base_config", node=CapacitySweepConfig)
+

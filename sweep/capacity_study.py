@@ -1,0 +1,254 @@
+"""Run the capacity searches of many configurations concurrently; cache and record probes.
+
+``CapacityStudy.run`` keeps one ``analysis.capacity.RateSearch`` per configuration and one
+probe in flight per unfinished search, so the probes of different configurations run side by
+side on the pool. A probe whose resolved config (model, hardware, cluster, workload with its
+rate) and SLO hash to a file in the probe cache is not simulated again. Each finished probe
+goes to ``ProbeSink.probe_done`` and each answer to ``ProbeSink.config_done`` (MLflow in the
+CLI); the study returns the answers (one row per configuration) and the probes.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from analysis.capacity import RateSearch, SearchSettings
+from analysis.slo import SloSpec
+
+log = logging.getLogger(__name__)
+
+# Bumped when a probe's result format or meaning changes: old cache files are then ignored.
+CACHE_FORMAT = 2
+POINT_KEYS = ("hardware", "model", "cluster", "workload")
+
+
+def _package_version() -> str:
+    try:
+        return version("servesweep")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def probe_key(point: dict[str, Any], slo: dict[str, Any]) -> str:
+    """SHA-256 of what decides a probe's outcome: the simulated point and the SLO."""
+    payload = {
+        "format": CACHE_FORMAT,
+        "servesweep": _package_version(),
+        "point": {k: point[k] for k in POINT_KEYS},
+        "slo": slo,
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ProbeCache:
+    """One JSON file per finished probe under ``root`` (``None``: no caching)."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        if self.root is None:
+            return None
+        path = self.root / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        if self.root is None:
+            return
+        tmp = self.root / f".{key}.tmp"
+        tmp.write_text(json.dumps(value))
+        tmp.replace(self.root / f"{key}.json")
+
+
+@dataclass
+class Configuration:
+    """One grid point of the study: a label, its grid overrides and the resolved config."""
+
+    label: str
+    overrides: dict[str, str]
+    point: dict[str, Any]
+    search: RateSearch = field(default_factory=RateSearch)
+    probe_rows: list[dict[str, Any]] = field(default_factory=list)
+    cached: int = 0
+    error: str | None = None
+
+
+class ProbeSink(Protocol):
+    def probe_done(self, cfg: Configuration, row: dict[str, Any]) -> None: ...
+
+    def config_done(self, cfg: Configuration, answer: dict[str, Any]) -> None: ...
+
+
+class Pool(Protocol):
+    size: int
+
+    def submit(self, key: Any, *args: Any) -> None: ...
+
+    def next_done(self) -> Any: ...
+
+
+def _probe_point(point: dict[str, Any], rate: float) -> dict[str, Any]:
+    probe = copy.deepcopy(point)
+    probe["workload"]["rate"] = rate
+    return probe
+
+
+def probe_row(cfg: Configuration, index: int, rate: float, kind: str, value: dict[str, Any],
+              cached: bool) -> dict[str, Any]:
+    """The flat probe record kept in ``probes.parquet`` and logged to MLflow."""
+    row = {
+        "config": cfg.label, "probe": index, "rate": rate, "kind": kind, "cached": cached,
+        "passed": bool(value["passed"]), "margin": float(value["margin"]),
+        "good_fraction": value["good_fraction"], "goodput_rps": value["goodput_rps"],
+        "goodput_tok_s": value["goodput_tok_s"],
+        "output_tokens_per_request": value["output_tokens_per_request"],
+        "probe_wall_s": value.get("probe_wall_s", math.nan),
+    }
+    row.update({f"slo_{k}": v for k, v in value["observed"].items()})
+    row.update(value["metrics"])
+    return row
+
+
+def answer_row(cfg: Configuration) -> dict[str, Any]:
+    """One configuration's answer: max rate, goodput, GPUs, $/hour, $/1M output tokens."""
+    res = cfg.search.result
+    assert res is not None
+    best = _answer_probe(cfg)
+    gpus = float(best.get("num_gpus", math.nan)) if best else math.nan
+    usd_h = float(best.get("usd_per_hour", math.nan)) if best else math.nan
+    good_tok = float(best["goodput_tok_s"]) if best else 0.0
+    row: dict[str, Any] = {
+        "config": cfg.label,
+        **{f"grid.{k}": v for k, v in cfg.overrides.items()},
+        "hardware": cfg.point["hardware"]["name"],
+        "model": cfg.point["model"]["name"],
+        "tensor_parallel_size": cfg.point["cluster"]["tensor_parallel_size"],
+        "status": res.status,
+        "error": cfg.error,
+        "max_rate": res.max_rate,
+        "bracket_lo": res.lo,
+        "bracket_hi": res.hi,
+        "rel_gap": res.rel_gap,
+        "probes": res.probes,
+        "cached_probes": cfg.cached,
+        "num_gpus": gpus,
+        "usd_per_hour": usd_h,
+        "goodput_rps": float(best["goodput_rps"]) if best else 0.0,
+        "goodput_tok_s": good_tok,
+        "output_tokens_per_request": float(best["output_tokens_per_request"]) if best else math.nan,
+        "usd_per_m_tokens": usd_h / (good_tok * 3600.0) * 1e6 if good_tok > 0 else math.inf,
+        "tok_s_per_gpu": good_tok / gpus if gpus > 0 else math.nan,
+        "tok_s_per_user": 1000.0 / best["tpot_ms_median"]
+        if best and best.get("tpot_ms_median", 0) > 0 else math.nan,
+    }
+    if best:
+        row.update({k: v for k, v in best.items() if k.startswith("slo_")})
+    return row
+
+
+def _answer_probe(cfg: Configuration) -> dict[str, Any] | None:
+    """The probe at the answer rate (the highest passing one), if any."""
+    res = cfg.search.result
+    passing = [r for r in cfg.probe_rows if r["passed"]]
+    if res is None or not passing or not res.max_rate > 0:
+        return None
+    return max(passing, key=lambda r: (r["rate"] if r["kind"] != "saturation" else math.inf))
+
+
+class CapacityStudy:
+    """The searches of ``configs`` under ``spec``, run on ``pool`` with ``cache``."""
+
+    def __init__(self, configs: list[Configuration], spec: SloSpec, settings: SearchSettings,
+                 pool: Pool, cache: ProbeCache, sink: ProbeSink | None = None) -> None:
+        settings.check()
+        self.configs = configs
+        self.spec = spec
+        self.slo = spec.as_dict()
+        self.settings = settings
+        self.pool = pool
+        self.cache = cache
+        self.sink = sink
+        for cfg in configs:
+            cfg.search = RateSearch(settings)
+        self.simulated = 0
+        self.wall_s = 0.0
+
+    def run(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Run every search to its answer; return ``(answers, probes)`` tables."""
+        t0 = time.perf_counter()
+        in_flight: dict[int, tuple[float, str, str]] = {}
+        while True:
+            for i, cfg in enumerate(self.configs):
+                self._advance(i, cfg, in_flight)
+            if not in_flight:
+                break
+            done = self.pool.next_done()
+            rate, kind, key = in_flight.pop(done.key)
+            cfg = self.configs[done.key]
+            if done.error is not None:
+                cfg.error = done.error
+                cfg.search.fail()
+                log.warning(f"{cfg.label}: probe at {rate:.4g} req/s failed: {done.error}")
+                self._finish(cfg)
+                continue
+            self.simulated += 1
+            self.cache.put(key, done.value)
+            self._record(cfg, rate, kind, done.value, cached=False)
+        self.wall_s = time.perf_counter() - t0
+        answers = pd.DataFrame([answer_row(c) for c in self.configs])
+        probes = pd.DataFrame([r for c in self.configs for r in c.probe_rows])
+        return answers, probes
+
+    def _advance(self, i: int, cfg: Configuration, in_flight: dict[int, tuple[float, str, str]]) -> None:
+        """Submit this configuration's next probe, answering from the cache while it can."""
+        while i not in in_flight:
+            step = cfg.search.next_rate()
+            if step is None:
+                return
+            rate, kind = step
+            point = _probe_point(cfg.point, rate)
+            key = probe_key(point, self.slo)
+            cached = self.cache.get(key)
+            if cached is not None:
+                cfg.cached += 1
+                self._record(cfg, rate, kind, cached, cached=True)
+                continue
+            in_flight[i] = (rate, kind, key)
+            self.pool.submit(i, point, self.slo)
+
+    def _record(self, cfg: Configuration, rate: float, kind: str, value: dict[str, Any],
+                cached: bool) -> None:
+        row = probe_row(cfg, len(cfg.probe_rows), rate, kind, value, cached)
+        cfg.probe_rows.append(row)
+        throughput = float(value["metrics"].get("request_throughput", math.nan))
+        cfg.search.record(rate, bool(value["passed"]), float(value["margin"]), throughput,
+                          value.get("margins"))
+        if self.sink is not None:
+            self.sink.probe_done(cfg, row)
+        if cfg.search.done:
+            self._finish(cfg)
+
+    def _finish(self, cfg: Configuration) -> None:
+        res = cfg.search.result
+        assert res is not None
+        log.info(f"{cfg.label}: {res.max_rate:.4g} req/s ({res.status}, {res.probes} probes, "
+                 f"{cfg.cached} from cache)")
+        if self.sink is not None:
+            self.sink.config_done(cfg, answer_row(cfg))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -165,5 +165,13 @@ class SweepConfig:
 
 
 def register() -> None:
-    """Store the schema as ``base_config`` (idempotent)."""
-    ConfigStore.instance().store(name="base_config", node=SweepConfig)
+    """Store the schema as ``base_config``, unless an extension of it (a subclass, e.g. the
+    capacity search's schema) is stored already: then every key of ours is known anyway."""
+    store = ConfigStore.instance()
+    try:
+        current = OmegaConf.get_type(store.load("base_config.yaml").node)
+    except Exception:  # nothing stored yet
+        current = None
+    if isinstance(current, type) and issubclass(current, SweepConfig):
+        return
+    store.store(name="base_config", node=SweepConfig)

@@ -30,6 +30,19 @@ def latency_file(config: str) -> str:
     return f"latency_{slug(config)}.png"
 
 
+def _plain_log(ax: plt.Axes, axis: str) -> None:
+    """Log scale with plain-number tick labels (``0.15``, not ``1.5 x 10^-1``)."""
+    from matplotlib.ticker import FuncFormatter
+
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    lo, hi = (ax.get_xlim() if axis == "x" else ax.get_ylim())
+    plain = FuncFormatter(lambda v, _: f"{v:.3g}")
+    target.set_major_formatter(plain)
+    # Label the minor ticks too when the axis spans less than two decades.
+    target.set_minor_formatter(plain if hi / max(lo, 1e-300) < 100 else FuncFormatter(lambda v, _: ""))
+
+
 def _png(fig: plt.Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
@@ -62,7 +75,7 @@ def latency_vs_load_png(probes: pd.DataFrame, bounds: dict[str, float], max_rate
             ax.axvline(max_rate, color="tab:blue", ls=":", lw=1.5, label=f"max {max_rate:.3g} req/s")
         ax.set_xlabel("offered load (req/s)")
         ax.set_ylabel(_bound_label(key))
-        ax.set_yscale("log")
+        _plain_log(ax, "y")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=9)
@@ -91,8 +104,8 @@ def pareto_png(answers: pd.DataFrame, title: str = "") -> bytes:
         ax.legend(fontsize=8)
     ax.set_xlabel("sustained rate within the SLO (req/s per replica)")
     ax.set_ylabel("USD per 1M output tokens")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _plain_log(ax, "x")
+    _plain_log(ax, "y")
     ax.grid(alpha=0.3, which="both")
     ax.set_title(title or "cost vs sustained rate", fontsize=9)
     fig.tight_layout()
@@ -108,7 +121,7 @@ def interactivity_png(probes: pd.DataFrame, configs: Sequence[str]) -> bytes:
         part = rows[rows["config"] == name].sort_values("rate")
         if part.empty:
             continue
-        color = f"C{i % 10}"
+        color = plt.get_cmap("tab20")(i % 20)
         user = 1000.0 / part["tpot_ms_median"]
         gpu = part["output_throughput"] / part["num_gpus"]
         ax.plot(user, gpu, color=color, lw=1, label=name)

@@ -58,6 +58,9 @@ class Bound:
 
     @property
     def percentile(self) -> float:
+        """The percentile of a ``median``/``p<q>`` bound (NaN for ``mean``)."""
+        if self.stat == "mean":
+            return math.nan
         if self.stat == "median":
             return 50.0
         whole, _, frac = self.stat[1:].partition("_")
@@ -91,7 +94,7 @@ class SloSpec:
                     "(p99, p50, p99_9 for 99.9), e.g. ttft_ms_p99: 2000"
                 )
             bound = Bound(match.group(1), match.group(2), _positive(f"{where}.{key}", value))
-            if not 0 < bound.percentile <= 100:
+            if bound.stat != "mean" and not 0 < bound.percentile <= 100:
                 raise ConfigError(f"{where}.{key}: percentile {bound.percentile:g} is not in (0, 100]")
             parsed.append(bound)
         if not parsed:

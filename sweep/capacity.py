@@ -127,6 +127,28 @@ def probe_cache_dir(value: str | None) -> Path | None:
     return resolve_path(str(Path(value).expanduser()))
 
 
+def prepare_bundles(configs: list[Configuration]) -> None:
+    """Generate every roofline bundle the study needs, here, before any worker loads one.
+
+    Workers then only read complete bundles: a worker that loaded a bundle's TP1 tables
+    keeps them cached in memory and would not see a TP degree another worker adds later.
+    """
+    from profiles.catalog import load_hardware, load_model
+    from profiles.roofline import ensure_bundle
+    from sweep.validate import resolve_path
+
+    seen = set()
+    for c in configs:
+        hw, bundle = c.point["hardware"], c.point["hardware"]["bundle"]
+        key = (hw["name"], c.point["model"]["name"], c.point["cluster"]["tensor_parallel_size"],
+               bundle["variant"], bundle["root"])
+        if bundle["source"] != "roofline" or key in seen:
+            continue
+        seen.add(key)
+        ensure_bundle(load_hardware(key[0]), load_model(key[1]), key[2], variant=key[3],
+                      cache=resolve_path(key[4]) if key[4] else None)
+
+
 def make_pool(cap: DictConfig, num_configs: int) -> Any:
     from sweep.capacity_pool import LocalProbePool, RayProbePool
 
@@ -162,6 +184,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
 
         tracker_sink = MlflowSink.open(cfg, out_dir, spec)
         tracker, sink = tracker_sink.tracker, tracker_sink
+    prepare_bundles(configs)
     pool = make_pool(cap, len(configs))
     status = "FAILED"
     try:

@@ -120,8 +120,9 @@ class RayProbePool:
             if address in (None, "local"):
                 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-                ray.init(include_dashboard=False, object_store_memory=200 * 1024**2,
-                         log_to_driver=True)
+                # "local" starts a private Ray even if another one runs on this machine.
+                ray.init(address="local", include_dashboard=False,
+                         object_store_memory=200 * 1024**2, log_to_driver=True)
             else:
                 ray.init(address=address)
             self._started = True

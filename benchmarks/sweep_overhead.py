@@ -30,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -152,6 +153,22 @@ def parallel_control(cfgs: list, workers: int) -> float:
         return time.perf_counter() - t0
 
 
+class LoopTime(logging.Handler):
+    """Keeps the launcher's "N jobs ran in X s on K actors" (the job loop alone)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seconds = float("nan")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = re.search(r"jobs ran in ([0-9.]+) s", record.getMessage())
+        if found:
+            self.seconds = float(found.group(1))
+
+
+LOOP = LoopTime()
+
+
 def sweep(overrides: list[str], out: Path) -> tuple[float, float]:
     """Wall and CPU seconds of one in-process multirun on the running Ray."""
     hydra_ = Hydra.create_main_hydra_file_or_module(
@@ -178,7 +195,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args(argv)
     register()
-    logging.disable(logging.INFO)
+    logging.getLogger().setLevel(logging.WARNING)
+    launcher_log = logging.getLogger("hydra_plugins.ray_actor_launcher.launcher")
+    launcher_log.setLevel(logging.INFO)
+    launcher_log.addHandler(LOOP)
     base = ["hardware=l40s", f"workload.num_requests={args.requests}"]
     big, small = grid(args.points), grid(args.small)
     work = Path(tempfile.mkdtemp(prefix="sweep_overhead_"))
@@ -210,16 +230,19 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
              "no_mlflow_no_plots": ["tracking.uri=null", "tracking.plots=false"]}
     walls: dict[str, float] = {}
     cpus: dict[str, float] = {}
+    loops: dict[str, float] = {}
     for mode, extra in modes.items():
         for n, pts in ((len(small), small), (len(big), big)):
             key = f"{mode}_1actor_{n}"
             walls[key], cpus[key] = sweep(
                 [*common, *sweep_overrides(pts), "hydra.launcher.num_actors=1", *extra],
                 work / f"{mode}_{n}")
+            loops[key] = LOOP.seconds
     key = f"platform_{args.actors}actors_{len(big)}"
     walls[key], cpus[key] = sweep(
         [*common, *sweep_overrides(big), f"hydra.launcher.num_actors={args.actors}",
          *modes["platform"]], work / "parallel")
+    loops[key] = LOOP.seconds
     ray.shutdown()
 
     nb, ns = len(big), len(small)
@@ -228,7 +251,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                              "mlflow_store_create_s": t_store, "control_parallel_s": t_control,
                              "bare_cpu_s_per_point": cpu_bare,
                              **{f"{k}_s": v for k, v in walls.items()},
-                             **{f"{k}_cpu_s": v for k, v in cpus.items()}}
+                             **{f"{k}_cpu_s": v for k, v in cpus.items()},
+                             **{f"{k}_job_loop_s": v for k, v in loops.items()}}
     print(f"L40S / Llama-3.1-8B, {args.requests} requests per point, {os.cpu_count()} CPUs")
     print(f"  bare run_point (engine + metrics): {per_bare * 1e3:.0f} ms/point wall, "
           f"{cpu_bare * 1e3:.0f} ms/point CPU ({nb} points in {t_bare:.2f} s)")
@@ -245,10 +269,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                   f"(overhead {(slope - bare) * 1e3:+4.0f} ms/point, ratio {slope / bare:.2f})")
     w1 = walls[f"platform_1actor_{nb}"]
     wn = walls[f"platform_{args.actors}actors_{nb}"]
+    l1, ln = loops[f"platform_1actor_{nb}"], loops[f"platform_{args.actors}actors_{nb}"]
     res["speedup_sweep"] = w1 / wn
+    res["speedup_job_loop"] = l1 / ln
     res["speedup_control"] = t_bare / t_control
     print(f"  {nb} points, {args.actors} actors: {wn:.2f} s vs 1 actor {w1:.2f} s -> "
-          f"speedup {w1 / wn:.2f}x")
+          f"speedup {w1 / wn:.2f}x; job loop alone {ln:.2f} s vs {l1:.2f} s -> "
+          f"{l1 / ln:.2f}x")
     print(f"  control, same bare points in {args.actors} processes: {t_control:.2f} s vs "
           f"{t_bare:.2f} s serial -> speedup {t_bare / t_control:.2f}x (the machine's ceiling)")
     print(f"  one-time: Ray start {t_ray:.2f} s, MLflow store creation {t_store:.2f} s")

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.capacity import SearchSettings, size_fleet
 from analysis.slo import SloSpec
+from engine.cluster import ROUTER_POLICIES
 from engine.specs import ConfigError
 from sweep.capacity_schema import register
 from sweep.capacity_study import CapacityStudy, Configuration, ProbeCache
@@ -173,6 +174,9 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
     if cap.target_rate is not None and not cap.target_rate > 0:
         raise SystemExit(f"capacity.target_rate={cap.target_rate!r} is not allowed; "
                          "allowed: null (no fleet sizing) or a rate > 0 (req/s)")
+    if cap.router not in ROUTER_POLICIES:
+        raise SystemExit(f"capacity.router={cap.router!r} is not allowed; "
+                         f"allowed: one of {list(ROUTER_POLICIES)}")
     common, combos = grid(hc)
     configs = compose_configs(common, combos)
     log.info(f"{len(configs)} configurations; SLO: {spec.describe()}; "
@@ -198,6 +202,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
     fleet = None
     if cap.target_rate is not None:
         fleet = size_fleet(answers, float(cap.target_rate), cap.max_replicas, cap.fleet_top)
+        fleet = verify(fleet, configs, float(cap.target_rate), spec, cap.verify_top, cap.router)
     meta = {
         "study": OmegaConf.to_container(cfg.study, resolve=True),
         "model": cfg.model.name,
@@ -226,6 +231,24 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
     return {"answers": answers, "fleet": fleet, "dir": str(out_dir), "tracker": tracker is not None}
 
 
+def verify(fleet: pd.DataFrame, configs: list[Configuration], target_rate: float,
+           spec: SloSpec, top: int, router: str) -> pd.DataFrame:
+    """Re-simulate the cheapest ``top`` fleets as clusters behind ``router``; add the
+    ``verified`` column and the cluster's observed SLO statistics."""
+    from sweep.capacity_verify import verify_fleet
+
+    points = {c.label: c.point for c in configs}
+    rows = []
+    for i, row in enumerate(fleet.itertuples(index=False)):
+        extra: dict[str, Any] = {}
+        if i < top:
+            extra = verify_fleet(points[row.config], int(row.replicas), target_rate, spec, router)
+            log.info(f"fleet {row.replicas} x {row.config} at {target_rate:g} req/s behind a "
+                     f"{router} router: {'meets' if extra['verified'] else 'misses'} the SLO")
+        rows.append(extra)
+    return pd.concat([fleet, pd.DataFrame(rows, index=fleet.index)], axis=1)
+
+
 def write_outputs(out_dir: Path, answers: pd.DataFrame, probes: pd.DataFrame,
                   fleet: pd.DataFrame | None, meta: dict[str, Any]) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -248,7 +271,10 @@ def print_summary(answers: pd.DataFrame, fleet: pd.DataFrame | None, meta: dict[
     print(answers[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if fleet is not None:
         print(f"\nCheapest fleets for {meta['target_rate']:g} req/s:")
-        print(fleet.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        shown = [c for c in ("rank", "config", "replicas", "num_gpus", "usd_per_hour",
+                             "usd_per_m_tokens", "capacity_rps", "utilization", "verified")
+                 if c in fleet.columns]
+        print(fleet[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     done = answers[answers["probes"] > 0]["probes"]
     mean = float(done.mean()) if len(done) else math.nan
     print(f"\n{meta['probes_total']} probes ({meta['probes_simulated']} simulated, the rest "

@@ -37,7 +37,9 @@ class CapacityConf:
     ``max_rate``; at most ``max_probes``. Probe results are cached in ``cache_dir``
     (``auto``: ``$SERVESWEEP_CACHE/capacity_probes``, else
     ``~/.cache/servesweep/capacity_probes``; null: no cache). ``target_rate`` (req/s): size the cheapest fleet, up to
-    ``max_replicas`` replicas per option, listing ``fleet_top`` options.
+    ``max_replicas`` replicas per option, listing ``fleet_top`` options; the cheapest
+    ``verify_top`` are re-simulated as one cluster behind the engine's ``router``
+    (``sweep.capacity_verify``).
     """
 
     slo: dict[str, float | None] = field(default_factory=dict)
@@ -54,6 +56,8 @@ class CapacityConf:
     target_rate: float | None = None
     max_replicas: int = 64
     fleet_top: int = 5
+    verify_top: int = 3
+    router: str = "least_loaded"
     pool: PoolConf = field(default_factory=PoolConf)
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from analysis.capacity import RateSearch, SearchSettings, pareto_front, size_fleet
 from analysis.report import render
@@ -295,3 +297,23 @@ def test_report_is_self_contained(tmp_path) -> None:
     assert "src=\"http" not in page and (tmp_path / "plots" / "pareto.png").is_file()
     with pytest.raises(ConfigError, match="not a capacity study directory"):
         render(tmp_path / "plots")
+
+
+def test_verify_fleet_behind_the_router() -> None:
+    """The fleet check simulates N replicas as one cluster under the whole stream: enough
+    replicas meet the SLO, one replica under a stream beyond its capacity does not."""
+    from hydra import compose, initialize_config_dir
+
+    from sweep.capacity_schema import register
+    from sweep.capacity_verify import verify_fleet
+
+    register()
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose("config", overrides=["hardware=h100_sxm", "workload.num_requests=300"])
+    point = OmegaConf.to_container(cfg, resolve=True)
+    spec = SloSpec.parse({"ttft_ms_p99": 1000, "tpot_ms_p99": 50})
+    ok = verify_fleet(point, 3, 20.0, spec)
+    assert ok["verified"] and ok["verify_router"] == "least_loaded"
+    assert ok["verify_ttft_ms_p99"] < 1000
+    assert not verify_fleet(point, 1, 40.0, spec, router="round_robin")["verified"]

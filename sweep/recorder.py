@@ -118,6 +118,7 @@ class SweepRecorder:
                     "num_jobs": str(self.num_jobs),
                     "launcher": "ray_actor",
                     "kind": "sweep",
+                    "mlflow.note.content": str(self.study.get("description") or ""),
                 },
             )
             self.tracker.log_params(

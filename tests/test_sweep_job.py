@@ -133,3 +133,33 @@ def test_cli_single_run_and_a_clean_config_error(tmp_path):
     assert bad.returncode == 1
     assert "cluster.gpu_memory_utilization=1.5 is not allowed; allowed: 0 < value <= 1" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+# ------------------------------------------------------------- with the reference data
+@pytest.mark.groundtruth
+def test_trace_workload_replays_the_reference_jsonl(small_cfg, shared_data):
+    trace = shared_data / "llmservingsim" / "workloads" / "sharegpt-llama-3.1-8b-300-sps10.jsonl"
+    cfg = OmegaConf.merge(small_cfg, {"workload": {"kind": "trace", "path": str(trace), "limit": 30}})
+    metrics = job.run_point(cfg)["metrics"]
+    assert metrics["completed"] == 30
+
+
+@pytest.mark.groundtruth
+def test_groundtruth_run_carries_the_simulators_metric_names(small_result, shared_data, tmp_path,
+                                                             monkeypatch):
+    from sweep.groundtruth import log_groundtruth_run
+    from sweep.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "gt")
+    gt_dir = shared_data / "llmservingsim" / "groundtruth" / "RTXPRO6000" / "Llama-3.1-8B"
+    slo = OmegaConf.create({"ttft_ms": 2000, "tpot_ms": 100, "e2el_ms": None})
+    run_id, metrics = log_groundtruth_run(tracker, str(gt_dir), slo, parent_id=None)
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.tags["source"] == "vllm" and run.info.status == "FINISHED"
+    shared = {"ttft_ms_p99", "tpot_ms_p99", "e2el_ms_p99", "request_throughput", "goodput_rps"}
+    assert shared <= set(run.data.metrics) and shared <= set(small_result["metrics"])
+    assert metrics["completed"] == 300
+    history = MlflowClient(uri).get_metric_history(run_id, "ts/running")
+    assert len(history) > 10

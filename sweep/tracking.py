@@ -38,10 +38,12 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str) -> None:
         self.uri = uri
+        db = sqlite_path(uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
-        db = sqlite_path(uri)
         if db is not None:
             with sqlite3.connect(db) as con:
                 con.execute("PRAGMA journal_mode=WAL")

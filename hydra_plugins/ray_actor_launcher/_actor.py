@@ -6,6 +6,7 @@ jobs an actor runs, because the actor process lives for the whole sweep.
 
 from __future__ import annotations
 
+import importlib
 import os
 import traceback
 from typing import Any
@@ -24,8 +25,10 @@ class JobFailure(RuntimeError):
 class JobRunner:
     """Runs one Hydra job at a time (the actor is created with ``max_concurrency=1``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self._state_key: str | None = None
+        for module in preload:  # warm up while the driver still prepares the sweep
+            importlib.import_module(module)
 
     def pid(self) -> int:
         return os.getpid()

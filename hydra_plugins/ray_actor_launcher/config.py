@@ -30,7 +30,8 @@ class RayActorLauncherConf:
     first failure after the batch has run. ``job_timeout_s``: a job running longer is killed
     and recorded as failed. ``validator``: ``module:function`` called on every composed job
     config before anything starts. ``recorder``: ``module:Class`` that receives each result
-    in the driver as it arrives (see ``hooks.Recorder``).
+    in the driver as it arrives (see ``hooks.Recorder``). ``preload``: modules each actor
+    imports when it starts, before its first job.
     """
 
     _target_: str = "hydra_plugins.ray_actor_launcher.launcher.RayActorLauncher"
@@ -46,6 +47,7 @@ class RayActorLauncherConf:
     progress: bool = True
     validator: str | None = None
     recorder: str | None = None
+    preload: list[str] = field(default_factory=list)
 
 
 ConfigStore.instance().store(

@@ -144,13 +144,14 @@ class RayActorLauncher(Launcher):
         progress = None
         try:
             size = self._pool_size(ray, actor_options, len(jobs))
-            actors = [remote_cls.remote() for _ in range(size)]
+            preload = tuple(self.params.preload or ())
+            actors = [remote_cls.remote(preload) for _ in range(size)]
             ray.get([a.pid.remote() for a in actors], timeout=self.params.ready_timeout_s)
             if starting is not None:
                 starting.wait()
             log.info(f"{size} actors ready {time.monotonic() - t_start:.1f} s after launch")
             t_jobs = time.monotonic()
-            pool = ActorSet(actors, remote_cls.remote, self.params.job_timeout_s)
+            pool = ActorSet(actors, lambda: remote_cls.remote(preload), self.params.job_timeout_s)
             ctx_ref = ray.put(self.hydra_context)
             fn_ref = ray.put(self.task_function)
             state_ref = ray.put(Singleton.get_state())

@@ -85,10 +85,6 @@ class LocalProbePool:
         except Exception as err:  # a probe's failure is reported, the study goes on
             self._done.append(Done(key, error=f"{type(err).__name__}: {err}"))
 
-    @property
-    def busy(self) -> int:
-        return len(self._done)
-
     def next_done(self) -> Done:
         return self._done.popleft()
 
@@ -136,10 +132,6 @@ class RayProbePool:
         self._queue: deque[tuple[Any, tuple[Any, ...]]] = deque()
         self._running: dict[Any, tuple[Any, Any, float]] = {}  # ref -> key, actor, start
         self._done: deque[Done] = deque()
-
-    @property
-    def busy(self) -> int:
-        return len(self._queue) + len(self._running) + len(self._done)
 
     def submit(self, key: Any, *args: Any) -> None:
         self._queue.append((key, args))

@@ -15,8 +15,10 @@ import hashlib
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +35,7 @@ CACHE_FORMAT = 2
 POINT_KEYS = ("hardware", "model", "cluster", "workload")
 
 
+@lru_cache(maxsize=1)
 def _package_version() -> str:
     try:
         return version("servesweep")
@@ -72,7 +75,7 @@ class ProbeCache:
     def put(self, key: str, value: dict[str, Any]) -> None:
         if self.root is None:
             return
-        tmp = self.root / f".{key}.tmp"
+        tmp = self.root / f".{key}.{os.getpid()}.tmp"  # concurrent studies may share a cache
         tmp.write_text(json.dumps(value))
         tmp.replace(self.root / f"{key}.json")
 

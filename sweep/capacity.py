@@ -8,7 +8,7 @@ concurrently on a Ray actor pool (``capacity.pool``). Settings live under ``capa
 (``sweep.capacity_schema``). With ``capacity.target_rate`` it also sizes the cheapest fleet.
 
 Writes into the run directory (``outputs/<study>/<timestamp>/``): ``capacity.parquet`` (one
-answer per configuration), ``probes.parquet``, ``fleet.parquet`` (fleet sizing),
+answer per configuration), ``probes.parquet``, ``fleet.parquet``/``fleet.csv`` (fleet sizing),
 ``study.json``, ``plots/*.png`` and ``report.html``; and to MLflow a parent run for the
 study, one run per configuration (max rate, goodput, GPUs, $/hour, $/1M tokens) with each
 probe as its child run, and a ``fleet-sizing`` run.
@@ -266,8 +266,9 @@ def write_outputs(out_dir: Path, answers: pd.DataFrame, probes: pd.DataFrame,
     answers.to_parquet(files[0], index=False)
     probes.to_parquet(files[1], index=False)
     if fleet is not None:
-        files.append(out_dir / "fleet.parquet")
-        fleet.to_parquet(files[-1], index=False)
+        files += [out_dir / "fleet.parquet", out_dir / "fleet.csv"]
+        fleet.to_parquet(files[-2], index=False)
+        fleet.to_csv(files[-1], index=False)
     files.append(out_dir / "study.json")
     files[-1].write_text(json.dumps(meta, indent=1, default=str))
     return files

@@ -100,9 +100,9 @@ class MlflowSink:
                                              "best.replicas": int(best["replicas"])})
             self.tracker.log_metrics(run_id, {f"best.{k}": v for k, v in _numbers(
                 best.to_dict()).items()})
-        path = self.out_dir / "fleet.csv"
-        fleet.to_csv(path, index=False)
-        self.tracker.log_artifact(run_id, path)
+        path = self.out_dir / "fleet.csv"  # written by sweep.capacity.write_outputs
+        if path.is_file():
+            self.tracker.log_artifact(run_id, path)
         self.tracker.finish(run_id, "FINISHED" if len(fleet) else "FAILED")
 
     def close(self, status: str, files: list[Path]) -> None:

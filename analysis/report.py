@@ -180,7 +180,9 @@ def _summary(answers: pd.DataFrame, meta: dict[str, Any]) -> str:
                   f"from cache); per configuration mean {counts.mean():.1f}, max "
                   f"{int(counts.max()) if len(counts) else 0}",
         "wall time": f"search {meta.get('search_wall_s', math.nan):.1f} s on "
-                     f"{meta.get('pool_size')} workers",
+                     f"{meta.get('pool_size')} workers"
+                     + (f"; whole command {meta['total_wall_s']:.1f} s (Ray and profile set-up, "
+                        "MLflow, fleet checks)" if "total_wall_s" in meta else ""),
         "common overrides": " ".join(meta.get("common_overrides", [])),
     }
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>"

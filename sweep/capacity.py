@@ -222,12 +222,11 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         "probes_total": int(len(probes)),
         "search_wall_s": study.wall_s,
     }
+    meta["total_wall_s"] = time.perf_counter() - t0  # everything but writing the report
     files = write_outputs(out_dir, answers, probes, fleet, meta)
     from analysis.report import render
 
     report = render(out_dir)
-    meta["total_wall_s"] = time.perf_counter() - t0
-    (out_dir / "study.json").write_text(json.dumps(meta, indent=1, default=str))
     if sink is not None:
         sink.log_fleet(fleet, float(cap.target_rate) if cap.target_rate else None)
         sink.close(status, [*files, report, *sorted((out_dir / "plots").glob("*.png"))])

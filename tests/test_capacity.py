@@ -317,3 +317,18 @@ def test_verify_fleet_behind_the_router() -> None:
     assert ok["verified"] and ok["verify_router"] == "least_loaded"
     assert ok["verify_ttft_ms_p99"] < 1000
     assert not verify_fleet(point, 1, 40.0, spec, router="round_robin")["verified"]
+
+
+def test_grid_from_sweeper_params_and_overrides() -> None:
+    from sweep.capacity import grid, label
+
+    hc = OmegaConf.create({
+        "sweeper": {"params": {"hardware": "h100_sxm,l40s", "cluster.tensor_parallel_size": "1,2",
+                               "cluster.max_num_seqs": "range(64,257,192)"}},
+        "overrides": {"task": ["+experiment=capacity_search", "cluster.tensor_parallel_size=4"]},
+    })
+    common, combos = grid(hc)
+    assert common == ["+experiment=capacity_search", "cluster.tensor_parallel_size=4"]
+    assert combos == [{"hardware": h, "cluster.max_num_seqs": n}
+                      for h in ("h100_sxm", "l40s") for n in ("64", "256")]
+    assert label(combos[1]) == "h100_sxm seqs=256"

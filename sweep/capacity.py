@@ -105,6 +105,26 @@ def compose_configs(common: list[str], combos: list[dict[str, str]]) -> list[Con
     return configs
 
 
+def check_fleet_settings(cap: DictConfig) -> str | None:
+    """The first bad fleet-sizing or pool setting, as a message naming the key."""
+    rules = (
+        ("target_rate", cap.target_rate is None or cap.target_rate > 0,
+         "null (no fleet sizing) or a rate > 0 (req/s)"),
+        ("max_replicas", cap.max_replicas >= 1, "an integer >= 1"),
+        ("fleet_top", cap.fleet_top >= 1, "an integer >= 1"),
+        ("verify_top", cap.verify_top >= 0, "an integer >= 0 (0: no cluster check)"),
+        ("router", cap.router in ROUTER_POLICIES, f"one of {list(ROUTER_POLICIES)}"),
+        ("pool.num_actors", cap.pool.num_actors is None or cap.pool.num_actors >= 0,
+         "null (one per CPU), 0 (no Ray) or an integer > 0"),
+        ("pool.probe_timeout_s", cap.pool.probe_timeout_s > 0, "seconds > 0"),
+    )
+    for key, ok, allowed in rules:
+        if not ok:
+            value = OmegaConf.select(cap, key)
+            return f"capacity.{key}={value!r} is not allowed; allowed: {allowed}"
+    return None
+
+
 def settings_of(cap: DictConfig) -> SearchSettings:
     s = SearchSettings(
         tolerance=cap.tolerance, initial_rate=cap.initial_rate,
@@ -172,12 +192,9 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         settings = settings_of(cap)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"Invalid capacity settings; nothing was run.\n{err}") from None
-    if cap.target_rate is not None and not cap.target_rate > 0:
-        raise SystemExit(f"capacity.target_rate={cap.target_rate!r} is not allowed; "
-                         "allowed: null (no fleet sizing) or a rate > 0 (req/s)")
-    if cap.router not in ROUTER_POLICIES:
-        raise SystemExit(f"capacity.router={cap.router!r} is not allowed; "
-                         f"allowed: one of {list(ROUTER_POLICIES)}")
+    problem = check_fleet_settings(cap)
+    if problem:
+        raise SystemExit(f"Invalid capacity settings; nothing was run.\n{problem}")
     common, combos = grid(hc)
     configs = compose_configs(common, combos)
     log.info(f"{len(configs)} configurations; SLO: {spec.describe()}; "

@@ -80,6 +80,7 @@ def test_cli_capacity_search_on_ray_with_mlflow(tmp_path):
     ("+capacity.slo.ttft_p99=5", "capacity.slo.ttft_p99 is not an SLO bound"),
     ("capacity.tolerance=0", "capacity.tolerance=0"),
     ("cluster.tensor_parallel_size=3", "cluster.tensor_parallel_size=3 is not allowed"),
+    ("capacity.router=nearest", "capacity.router='nearest' is not allowed"),
 ])
 def test_cli_bad_settings_stop_before_running(tmp_path, override, needle):
     done = _run(tmp_path, override, "tracking.uri=null", timeout=120)

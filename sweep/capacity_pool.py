@@ -125,7 +125,7 @@ class RayProbePool:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.size = max(1, min(num_actors or cpus, cpus))
         self._remote = ray.remote(ProbeWorker).options(num_cpus=1, max_concurrency=1)
-        self._timeout = probe_timeout_s
+        self.probe_timeout_s = probe_timeout_s
         self._actors = [self._remote.remote() for _ in range(self.size)]
         ray.get([a.pid.remote() for a in self._actors], timeout=ready_timeout_s)
         self._idle: deque[Any] = deque(self._actors)
@@ -165,11 +165,11 @@ class RayProbePool:
                     self._done.append(Done(key, error=f"{type(err).__name__}: {err}"))
             now = time.monotonic()
             for ref, (key, actor, started) in list(self._running.items()):
-                if now - started > self._timeout:
+                if now - started > self.probe_timeout_s:
                     self._running.pop(ref)
                     ray.kill(actor)
                     self._replace(actor)
-                    self._done.append(Done(key, error=f"probe timed out after {self._timeout:g} s"))
+                    self._done.append(Done(key, error=f"probe timed out after {self.probe_timeout_s:g} s"))
             self._fill()
         return self._done.popleft()
 

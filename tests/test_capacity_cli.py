@@ -87,3 +87,34 @@ def test_cli_bad_settings_stop_before_running(tmp_path, override, needle):
     assert done.returncode != 0
     assert needle in done.stderr and "nothing was run" in done.stderr
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_ray_probe_pool_times_out_and_replaces_the_actor(monkeypatch):
+    """An overdue probe is reported as failed, its actor replaced, and the pool goes on."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from sweep.capacity_pool import RayProbePool
+    from sweep.capacity_schema import register
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["workload.num_requests=40", "workload.rate=4"])
+    point = OmegaConf.to_container(cfg, resolve=True)
+    point.pop("capacity")
+    slo = {"bounds": {"ttft_ms_p99": 1000.0}, "goodput_fraction": None}
+    pool = RayProbePool(1, probe_timeout_s=0.01)
+    try:
+        pool.submit("slow", point, slo)
+        done = pool.next_done()
+        assert done.key == "slow" and "timed out" in done.error
+        pool.probe_timeout_s = 300.0
+        pool.submit("ok", point, slo)
+        done = pool.next_done()
+        assert done.error is None and done.value["passed"] in (True, False)
+        assert done.value["metrics"]["completed"] == 40
+    finally:
+        pool.close()

@@ -2,9 +2,9 @@
 
 The grid is the experiment's ``hydra.sweeper.params`` (the same syntax as ``python -m sweep``
 studies; change a list with ``"hydra.sweeper.params.hardware='h100_sxm,l40s'"``); other
-command-line overrides apply to every configuration. Run *without* ``-m``: this command searches each configuration's max
-rate itself (``analysis.capacity.RateSearch``), probes of all configurations running
-concurrently on a Ray actor pool (``capacity.pool``). Settings live under ``capacity``
+command-line overrides apply to every configuration. Run *without* ``-m``: this command
+searches each configuration's max rate itself (``analysis.capacity.RateSearch``), the probes
+of all configurations running concurrently on a Ray actor pool (``capacity.pool``). Settings live under ``capacity``
 (``sweep.capacity_schema``). With ``capacity.target_rate`` it also sizes the cheapest fleet.
 
 Writes into the run directory (``outputs/<study>/<timestamp>/``): ``capacity.parquet`` (one
@@ -49,8 +49,6 @@ SHORT_KEYS = {
     "max_num_seqs": "seqs",
     "max_num_batched_tokens": "batched",
 }
-ANSWER_METRICS = ("max_rate", "goodput_rps", "goodput_tok_s", "num_gpus", "usd_per_hour",
-                  "usd_per_m_tokens", "probes", "cached_probes", "rel_gap", "tok_s_per_gpu")
 
 
 def grid(hc: Any) -> tuple[list[str], list[dict[str, str]]]:
@@ -200,16 +198,16 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
     log.info(f"{len(configs)} configurations; SLO: {spec.describe()}; "
              f"tolerance {100 * settings.tolerance:g} %")
     cache_dir = probe_cache_dir(cap.cache_dir)
-    tracker = sink = None
+    sink = None
     if cfg.tracking.uri:
         from sweep.capacity_tracking import MlflowSink
 
-        tracker_sink = MlflowSink.open(cfg, out_dir, spec)
-        tracker, sink = tracker_sink.tracker, tracker_sink
-    prepare_bundles(configs)
-    pool = make_pool(cap, len(configs))
+        sink = MlflowSink.open(cfg, out_dir, spec)
+    pool = None
     status = "FAILED"
     try:
+        prepare_bundles(configs)
+        pool = make_pool(cap, len(configs))
         study = CapacityStudy(configs, spec, settings, pool, ProbeCache(cache_dir), sink)
         answers, probes = study.run()
         status = "FINISHED"
@@ -217,7 +215,8 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         status = "KILLED"
         raise SystemExit("interrupted: the study stopped; finished probes stay in the cache") from None
     finally:
-        pool.close()
+        if pool is not None:
+            pool.close()
         if sink is not None and status != "FINISHED":
             sink.close(status, [])
     fleet = None
@@ -226,7 +225,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         fleet = verify(fleet, configs, float(cap.target_rate), spec, cap.verify_top, cap.router)
     meta = {
         "study": OmegaConf.to_container(cfg.study, resolve=True),
-        "model": cfg.model.name,
+        "model": ", ".join(sorted({str(c.point["model"]["name"]) for c in configs})),
         "slo": spec.as_dict(),
         "slo_text": spec.describe(),
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
@@ -248,7 +247,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         sink.log_fleet(fleet, float(cap.target_rate) if cap.target_rate else None)
         sink.close(status, [*files, report, *sorted((out_dir / "plots").glob("*.png"))])
     print_summary(answers, fleet, meta, out_dir)
-    return {"answers": answers, "fleet": fleet, "dir": str(out_dir), "tracker": tracker is not None}
+    return {"answers": answers, "fleet": fleet, "dir": str(out_dir)}
 
 
 def verify(fleet: pd.DataFrame, configs: list[Configuration], target_rate: float,

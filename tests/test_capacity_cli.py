@@ -106,9 +106,10 @@ def test_ray_probe_pool_times_out_and_replaces_the_actor(monkeypatch):
     point = OmegaConf.to_container(cfg, resolve=True)
     point.pop("capacity")
     slo = {"bounds": {"ttft_ms_p99": 1000.0}, "goodput_fraction": None}
+    slow = {**point, "workload": {**point["workload"], "num_requests": 5000}}  # seconds, not ms
     pool = RayProbePool(1, probe_timeout_s=0.01)
     try:
-        pool.submit("slow", point, slo)
+        pool.submit("slow", slow, slo)
         done = pool.next_done()
         assert done.key == "slow" and "timed out" in done.error
         pool.probe_timeout_s = 300.0

@@ -16,9 +16,10 @@ assuming that meeting it is monotone in the rate. Each probe reports pass/fail a
 3. *Bisection* in log-rate until ``hi / lo <= 1 + tolerance`` (status ``converged``; the
    answer is ``lo``, a rate that was seen to pass). The split point is the regula-falsi
    root of the margins (Illinois variant; with per-bound margins, the first bound to cross), moved half a tolerance towards the end of the
-   bracket that has not moved lately so that both ends close in on the root; whenever two
-   steps did not halve the bracket, the plain log-midpoint is used, so the worst case stays
-   within twice that of plain bisection.
+   bracket that has not moved lately so that both ends close in on the root. The plain
+   log-midpoint is used instead whenever the last two steps did not halve the bracket (so
+   the worst case stays within twice that of plain bisection) and once the bracket is
+   narrower than two tolerances.
 
 Given the same probe outcomes the search asks for the same rates, so it is deterministic
 whenever the simulations are (a fixed workload seed).

@@ -190,6 +190,8 @@ class CapacityStudy:
         self.sink = sink
         for cfg in configs:
             cfg.search = RateSearch(settings)
+        # Sink calls wait until the next probes are submitted, so actors never idle on MLflow.
+        self._events: list[tuple[str, Configuration, dict[str, Any]]] = []
         self.simulated = 0
         self.wall_s = 0.0
 
@@ -200,6 +202,7 @@ class CapacityStudy:
         while True:
             for i, cfg in enumerate(self.configs):
                 self._advance(i, cfg, in_flight)
+            self._flush()
             if not in_flight:
                 break
             done = self.pool.next_done()
@@ -243,8 +246,7 @@ class CapacityStudy:
         throughput = float(value["metrics"].get("request_throughput", math.nan))
         cfg.search.record(rate, bool(value["passed"]), float(value["margin"]), throughput,
                           value.get("margins"))
-        if self.sink is not None:
-            self.sink.probe_done(cfg, row)
+        self._events.append(("probe_done", cfg, row))
         if cfg.search.done:
             self._finish(cfg)
 
@@ -253,5 +255,10 @@ class CapacityStudy:
         assert res is not None
         log.info(f"{cfg.label}: {res.max_rate:.4g} req/s ({res.status}, {res.probes} probes, "
                  f"{cfg.cached} from cache)")
+        self._events.append(("config_done", cfg, answer_row(cfg)))
+
+    def _flush(self) -> None:
+        events, self._events = self._events, []
         if self.sink is not None:
-            self.sink.config_done(cfg, answer_row(cfg))
+            for method, cfg, row in events:
+                getattr(self.sink, method)(cfg, row)

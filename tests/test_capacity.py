@@ -332,3 +332,22 @@ def test_grid_from_sweeper_params_and_overrides() -> None:
     assert combos == [{"hardware": h, "cluster.max_num_seqs": n}
                       for h in ("h100_sxm", "l40s") for n in ("64", "256")]
     assert label(combos[1]) == "h100_sxm seqs=256"
+
+
+def test_sink_sees_every_probe_then_the_answer() -> None:
+    events = []
+
+    class Sink:
+        def probe_done(self, cfg, row):
+            events.append(("probe", row["probe"], row["rate"]))
+
+        def config_done(self, cfg, answer):
+            events.append(("answer", answer["max_rate"]))
+
+    spec = SloSpec.parse({"tpot_ms_median": S_MS})
+    study = CapacityStudy([_config("a"), _config("b")], spec, SearchSettings(),
+                          LocalProbePool(known_answer_probe), ProbeCache(None), Sink())
+    answers, probes = study.run()
+    assert sorted(e for e in events if e[0] == "probe") == sorted(
+        ("probe", r.probe, r.rate) for r in probes.itertuples())
+    assert sorted(e[1] for e in events if e[0] == "answer") == sorted(answers["max_rate"])

@@ -254,7 +254,7 @@ def _read_numeric_csv(path: Path, columns: dict[str, str], fix: str) -> dict[str
         for lineno, row in enumerate(reader, start=2):
             if not row or all(not cell.strip() for cell in row):
                 continue
-            if len(row) < len(header):
+            if len(row) != len(header):  # extra fields would shift the columns read
                 raise BundleError(f"{path}:{lineno}: {len(row)} fields, header has {len(header)}. {fix}")
             for c, kind in columns.items():
                 cell = row[idx[c]].strip()

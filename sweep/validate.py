@@ -7,6 +7,7 @@ raises one ``ConfigError`` naming the key, the bad value and what is allowed.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ BUNDLE_SOURCES = ("roofline", "dir")
 KV_CACHE_DTYPES = ("auto", "fp8")
 WORKLOAD_KINDS = ("synthetic", "trace")
 ARRIVALS = ("poisson", "gamma")
+SEED_LIMIT = 2**32  # numpy's legacy RandomState (Poisson arrivals) takes 32-bit seeds
 # Cluster-shape fields that later work implements: the default is the only value accepted.
 NOT_YET_SUPPORTED: dict[str, Any] = {
     "num_instances": 1,
@@ -47,11 +49,13 @@ def _fail(key: str, value: Any, allowed: str) -> ConfigError:
     return ConfigError(f"{key}={value!r} is not allowed; allowed: {allowed}")
 
 
-def _positive(key: str, value: Any, *, allow_none: bool = False, integer: bool = False) -> None:
+def _positive(key: str, value: Any, *, allow_none: bool = False, integer: bool = False,
+              allow_inf: bool = False) -> None:
+    """``value`` > 0 (NaN never passes; infinity only with ``allow_inf``)."""
     if value is None and allow_none:
         return
-    kind = "an integer" if integer else "a number"
-    if value is None or value <= 0:
+    kind = "an integer" if integer else ("a number" if allow_inf else "a finite number")
+    if value is None or not value > 0 or (math.isinf(value) and not allow_inf):
         raise _fail(key, value, f"{kind} > 0" + (" or null" if allow_none else ""))
 
 
@@ -72,8 +76,9 @@ def check_hardware(cfg: DictConfig) -> None:
             "an existing bundle directory (for the reference data set SERVESWEEP_DATA "
             "to the folder holding llmservingsim/), or hardware.bundle.source=roofline",
         )
-    if hw.cost_per_hour is not None and hw.cost_per_hour < 0:
-        raise _fail("hardware.cost_per_hour", hw.cost_per_hour, "a number >= 0 or null")
+    price = hw.cost_per_hour
+    if price is not None and not (0 <= price < math.inf):
+        raise _fail("hardware.cost_per_hour", price, "a finite number >= 0 or null")
 
 
 def check_cluster(cfg: DictConfig) -> None:
@@ -129,7 +134,11 @@ def check_workload(cfg: DictConfig) -> None:
             raise _fail("workload.path", wl.path, "an existing JSONL trace file")
         _positive("workload.limit", wl.limit, allow_none=True, integer=True)
         return
-    _positive("workload.rate", wl.rate)
+    # rate = inf: every request arrives at t = 0 (a burst), which needs a request count
+    _positive("workload.rate", wl.rate, allow_inf=True)
+    if math.isinf(wl.rate) and wl.duration_s is not None:
+        raise _fail("workload.rate", wl.rate,
+                    "a finite number > 0 with workload.duration_s (inf needs num_requests)")
     if wl.arrival not in ARRIVALS:
         raise _fail("workload.arrival", wl.arrival, f"one of {list(ARRIVALS)}")
     _positive("workload.cv", wl.cv)
@@ -143,6 +152,8 @@ def check_workload(cfg: DictConfig) -> None:
     if wl.shared_prefix_len < 0:
         raise _fail("workload.shared_prefix_len", wl.shared_prefix_len, "an integer >= 0")
     _positive("workload.num_prefix_groups", wl.num_prefix_groups, integer=True)
+    if not 0 <= wl.seed < SEED_LIMIT:
+        raise _fail("workload.seed", wl.seed, f"an integer in 0..{SEED_LIMIT - 1}")
     for key in ("input_len", "output_len"):
         length_dist(wl, key)
 
@@ -162,7 +173,7 @@ def length_dist(wl: DictConfig, key: str) -> LengthDist:
 
 def check_rest(cfg: DictConfig) -> None:
     for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
-        _positive(f"slo.{key}", cfg.slo[key], allow_none=True)
+        _positive(f"slo.{key}", cfg.slo[key], allow_none=True, allow_inf=True)
     if not str(cfg.study.name).strip():
         raise _fail("study.name", cfg.study.name, "a non-empty name (it names the MLflow experiment)")
     gt = cfg.groundtruth.dir

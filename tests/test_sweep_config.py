@@ -126,6 +126,12 @@ def test_mem_util_grid_shape():
         ("workload.input_len=zipf", "workload.input_len", "sharegpt"),
         ("workload.duration_s=30", "workload.duration_s", "exactly one"),
         ("slo.ttft_ms=-1", "slo.ttft_ms", "> 0"),
+        ("slo.ttft_ms=nan", "slo.ttft_ms", "> 0"),
+        ("workload.rate=nan", "workload.rate", "> 0"),
+        ("workload.cv=inf", "workload.cv", "finite"),
+        ("hardware.cost_per_hour=nan", "hardware.cost_per_hour", ">= 0"),
+        ("workload.seed=-1", "workload.seed", "0..4294967295"),
+        ("workload.seed=4294967296", "workload.seed", "0..4294967295"),
     ],
 )
 def test_bad_values_name_the_key_and_allowed_values(override, key, allowed):

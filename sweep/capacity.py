@@ -210,6 +210,11 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         pool = make_pool(cap, len(configs))
         study = CapacityStudy(configs, spec, settings, pool, ProbeCache(cache_dir), sink)
         answers, probes = study.run()
+        fleet = None
+        if cap.target_rate is not None:
+            fleet = size_fleet(answers, float(cap.target_rate), cap.max_replicas, cap.fleet_top)
+            fleet = verify(fleet, configs, float(cap.target_rate), spec, cap.verify_top,
+                           cap.router, pool)
         status = "FINISHED"
     except KeyboardInterrupt:
         status = "KILLED"
@@ -219,10 +224,6 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
             pool.close()
         if sink is not None and status != "FINISHED":
             sink.close(status, [])
-    fleet = None
-    if cap.target_rate is not None:
-        fleet = size_fleet(answers, float(cap.target_rate), cap.max_replicas, cap.fleet_top)
-        fleet = verify(fleet, configs, float(cap.target_rate), spec, cap.verify_top, cap.router)
     meta = {
         "study": OmegaConf.to_container(cfg.study, resolve=True),
         "model": ", ".join(sorted({str(c.point["model"]["name"]) for c in configs})),
@@ -251,27 +252,26 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
 
 
 def verify(fleet: pd.DataFrame, configs: list[Configuration], target_rate: float,
-           spec: SloSpec, top: int, router: str) -> pd.DataFrame:
-    """Re-simulate the cheapest ``top`` fleets as clusters behind ``router``; add the
-    ``verified`` column and the cluster's observed SLO statistics."""
-    from sweep.capacity_verify import verify_fleet
-
+           spec: SloSpec, top: int, router: str, pool: Any) -> pd.DataFrame:
+    """Re-simulate the cheapest ``top`` fleets as clusters behind ``router``, side by side
+    on ``pool``; add the ``verified`` column and the cluster's observed SLO statistics."""
     points = {c.label: c.point for c in configs}
-    rows = []
-    for i, row in enumerate(fleet.itertuples(index=False)):
-        extra: dict[str, Any] = {}
-        if i < top:
-            try:
-                extra = verify_fleet(points[row.config], int(row.replicas), target_rate, spec,
-                                     router)
-            except Exception as err:  # the sizing stands; say why it was not verified
-                log.warning(f"fleet {row.replicas} x {row.config}: verification failed: {err}")
-                rows.append({"verify_error": f"{type(err).__name__}: {err}"})
-                continue
-            log.info(f"fleet {row.replicas} x {row.config} at {target_rate:g} req/s behind a "
-                     f"{router} router: {'meets' if extra['verified'] else 'misses'} the SLO")
-        rows.append(extra)
-    return pd.concat([fleet, pd.DataFrame(rows, index=fleet.index)], axis=1)
+    checks = list(fleet.head(top).itertuples(index=False))
+    for i, row in enumerate(checks):
+        pool.submit(i, points[row.config], int(row.replicas), target_rate, spec.as_dict(),
+                    router, method="check")
+    extra: list[dict[str, Any]] = [{} for _ in range(len(fleet))]
+    for _ in checks:
+        done = pool.next_done()
+        row = checks[done.key]
+        if done.error is not None:  # the sizing stands; say why it was not verified
+            log.warning(f"fleet {row.replicas} x {row.config}: verification failed: {done.error}")
+            extra[done.key] = {"verify_error": done.error}
+            continue
+        extra[done.key] = done.value
+        log.info(f"fleet {row.replicas} x {row.config} at {target_rate:g} req/s behind a "
+                 f"{router} router: {'meets' if done.value['verified'] else 'misses'} the SLO")
+    return pd.concat([fleet, pd.DataFrame(extra, index=fleet.index)], axis=1)
 
 
 def write_outputs(out_dir: Path, answers: pd.DataFrame, probes: pd.DataFrame,

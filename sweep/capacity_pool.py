@@ -1,7 +1,7 @@
 """Where capacity probes run: one probe = one simulated point checked against the SLO.
 
 ``run_probe`` is the unit of work (plain dicts in, plain dict out, so it crosses process
-boundaries). ``RayProbePool`` runs probes of many configurations at once on a pool of
+boundaries); ``run_fleet_check`` simulates a sized fleet as one cluster. ``RayProbePool`` runs probes of many configurations at once on a pool of
 long-lived Ray actors (loaded profiles stay warm in each actor), accepting new probes while
 others run, which the launcher's batch-oriented ``ActorSet`` cannot; every wait on Ray has a
 timeout, an overdue probe kills and replaces its actor. ``LocalProbePool`` runs them one by
@@ -70,18 +70,29 @@ class Done:
     error: str | None = None
 
 
+def run_fleet_check(point: dict[str, Any], replicas: int, rate: float, slo: dict[str, Any],
+                    router: str) -> dict[str, Any]:
+    """``sweep.capacity_verify.verify_fleet`` with plain-data arguments (for the pool)."""
+    from analysis.slo import SloSpec
+    from sweep.capacity_verify import verify_fleet
+
+    spec = SloSpec.parse(slo["bounds"], slo["goodput_fraction"])
+    return verify_fleet(point, replicas, rate, spec, router)
+
+
 class LocalProbePool:
-    """Runs each submitted probe at once, in this process."""
+    """Runs each submitted job at once, in this process (``run``: ``fn``, default
+    ``run_probe``; ``check``: ``run_fleet_check``)."""
 
     size = 1
 
     def __init__(self, fn: Callable[..., dict[str, Any]] = run_probe) -> None:
-        self._fn = fn
+        self._fns: dict[str, Callable[..., dict[str, Any]]] = {"run": fn, "check": run_fleet_check}
         self._done: deque[Done] = deque()
 
-    def submit(self, key: Any, *args: Any) -> None:
+    def submit(self, key: Any, *args: Any, method: str = "run") -> None:
         try:
-            self._done.append(Done(key, value=self._fn(*args)))
+            self._done.append(Done(key, value=self._fns[method](*args)))
         except Exception as err:  # a probe's failure is reported, the study goes on
             self._done.append(Done(key, error=f"{type(err).__name__}: {err}"))
 
@@ -100,6 +111,9 @@ class ProbeWorker:
 
     def run(self, point: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
         return run_probe(point, slo)
+
+    def check(self, *args: Any) -> dict[str, Any]:
+        return run_fleet_check(*args)
 
 
 class RayProbePool:
@@ -129,19 +143,21 @@ class RayProbePool:
         self._actors = [self._remote.remote() for _ in range(self.size)]
         ray.get([a.pid.remote() for a in self._actors], timeout=ready_timeout_s)
         self._idle: deque[Any] = deque(self._actors)
-        self._queue: deque[tuple[Any, tuple[Any, ...]]] = deque()
+        self._queue: deque[tuple[Any, str, tuple[Any, ...]]] = deque()
         self._running: dict[Any, tuple[Any, Any, float]] = {}  # ref -> key, actor, start
         self._done: deque[Done] = deque()
 
-    def submit(self, key: Any, *args: Any) -> None:
-        self._queue.append((key, args))
+    def submit(self, key: Any, *args: Any, method: str = "run") -> None:
+        """Queue ``method`` (``run``: a probe, ``check``: a fleet check) with ``args``."""
+        self._queue.append((key, method, args))
         self._fill()
 
     def _fill(self) -> None:
         while self._queue and self._idle:
-            key, args = self._queue.popleft()
+            key, method, args = self._queue.popleft()
             actor = self._idle.popleft()
-            self._running[actor.run.remote(*args)] = (key, actor, time.monotonic())
+            ref = getattr(actor, method).remote(*args)
+            self._running[ref] = (key, actor, time.monotonic())
 
     def next_done(self) -> Done:
         """Block until a probe finishes (or times out) and return it."""

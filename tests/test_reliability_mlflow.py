@@ -95,3 +95,31 @@ def test_concurrent_writers_lose_and_corrupt_nothing(tmp_path, monkeypatch):
     with sqlite3.connect(db) as con:
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     print(f"{len(runs)} runs from {WRITERS + 1} concurrent writers in {elapsed:.1f} s")
+
+
+OPENER = """
+import sys
+from sweep.store_lock import open_tracker
+t = open_tracker(sys.argv[1], "shared")
+run = t.create_run(sys.argv[2], {"who": sys.argv[2]})
+t.finish(run, "FINISHED")
+print(t.experiment_id)
+"""
+
+
+def test_sweeps_started_together_on_a_fresh_store_all_open_it(tmp_path):
+    """Found here: without the lock, 3 processes opening a fresh ``mlflow.db`` at once
+    crashed in MLflow's schema migration (2 of 3, reproducibly)."""
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    procs = [subprocess.Popen([sys.executable, "-c", OPENER, uri, f"s{k}"], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for k in range(3)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(out.strip())
+    assert len(set(outs)) == 1  # one experiment, created once
+    tr = Tracker(uri, "shared")
+    runs = tr.client.search_runs([tr.experiment_id])
+    assert sorted(r.data.tags["who"] for r in runs) == ["s0", "s1", "s2"]

@@ -1,0 +1,40 @@
+"""Open an MLflow store safely when several processes may create it at the same time.
+
+MLflow creates and migrates a sqlite store on first use without any lock across processes:
+two sweeps started together on a fresh ``mlflow.db`` crash (``duplicate column``, alembic
+``Online migration expected to match one row``), and two drivers creating the same
+experiment at once collide on its unique name. ``open_tracker`` holds an exclusive
+``flock`` on ``<db>.lock`` beside the database while ``sweep.tracking.Tracker`` migrates
+the schema and looks up or creates the experiment; other URIs (an MLflow server) are opened
+directly, the server serialises its own writes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sweep.tracking import Tracker, sqlite_path
+
+
+@contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Exclusive inter-process lock for a ``sqlite:///`` store (no-op for other URIs)."""
+    db = sqlite_path(uri)
+    if db is None:
+        yield
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def open_tracker(uri: str, experiment: str) -> Tracker:
+    """``Tracker(uri, experiment)`` with store creation and experiment lookup serialised."""
+    with store_lock(uri):
+        return Tracker(uri, experiment)

@@ -47,6 +47,8 @@ def test_cli_capacity_search_on_ray_with_mlflow(tmp_path):
     assert (answers["usd_per_hour"] == [2.99, 0.86]).all()
     fleet = pd.read_parquet(out / "fleet.parquet")
     assert fleet["rank"].iloc[0] == 1 and fleet["capacity_rps"].iloc[0] >= 20
+    assert (fleet["verify_router"].head(3).dropna() == "least_loaded").all()  # checked as clusters
+    assert fleet["verified"].head(min(3, len(fleet))).notna().all()
     meta = json.loads((out / "study.json").read_text())
     assert meta["pool_size"] == 2 and meta["probes_simulated"] == len(probes)
     for name in ("report.html", "plots/pareto.png", "plots/latency_h100_sxm.png"):

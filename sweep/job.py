@@ -19,15 +19,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from analysis.metrics import compute_metrics
-from engine import EngineConfig, HardwareSpec, ModelSpec, RequestSpec, simulate
+from engine import EngineConfig, HardwareSpec, ModelSpec, RequestSpec
+from engine.batch import LatencyModel
+from engine.simulate import simulate_cluster
 from engine.specs import GIB
-from profiles.bundle import load_bundle
+from profiles.bundle import ProfileBundle, load_bundle
 from profiles.catalog import load_hardware, load_model
-from profiles.latency import ProfiledLatencyModel
+from profiles.parallel import latency_for_instance
 from profiles.roofline import ensure_bundle
+from sweep.cluster import PointCluster, build_point_cluster, gpus_per_point
 from sweep.validate import check_config, length_dist, resolve_path
 from workloads import read_jsonl, synthetic
 
@@ -59,18 +62,42 @@ def hardware_spec(name: str) -> HardwareSpec:
 
 
 @lru_cache(maxsize=16)
-def latency_model(
+def profile_bundle(
     source: str, root: str | None, variant: str, hardware: str, model: str, tp: int
-) -> ProfiledLatencyModel:
-    """The latency model of one (hardware, model, TP), from a generated or measured bundle."""
+) -> ProfileBundle:
+    """The profile bundle of one (hardware, model, TP): generated (roofline) or measured."""
     hw, spec = hardware_spec(hardware), model_spec(model)
     if source == "roofline":
         cache = resolve_path(root) if root else None
-        bundle = load_bundle(ensure_bundle(hw, spec, tp, variant=variant, cache=cache))
-    else:
-        assert root is not None
-        bundle = load_bundle(resolve_path(root), hw.name, spec.name, variant)
-    return ProfiledLatencyModel(bundle, spec, tp)
+        return load_bundle(ensure_bundle(hw, spec, tp, variant=variant, cache=cache))
+    assert root is not None
+    return load_bundle(resolve_path(root), hw.name, spec.name, variant)
+
+
+@lru_cache(maxsize=16)
+def latency_model(
+    source: str, root: str | None, variant: str, hardware: str, model: str, tp: int
+) -> LatencyModel:
+    """The step latency of one (hardware, model, TP) instance: per-rank compute from the
+    bundle plus TP all-reduces over the hardware's interconnect."""
+    hw, spec = hardware_spec(hardware), model_spec(model)
+    return latency_for_instance(
+        profile_bundle(source, root, variant, hardware, model, tp),
+        spec,
+        tp=tp,
+        hardware=hw,
+        link_bw_gbs=hw.interconnect_bw_gbs or 16.0,
+        link_latency_ns=hw.interconnect_latency_ns,
+    )
+
+
+@lru_cache(maxsize=32)
+def point_cluster(cluster_key: str, hardware: str, model: str, bundle_key: tuple) -> PointCluster:
+    """The engine instances of one cluster shape (cached: latency memos stay warm)."""
+    cl = OmegaConf.create(json.loads(cluster_key))
+    hw, spec = hardware_spec(hardware), model_spec(model)
+    engine = EngineConfig(**{key: cl[key] for key in ENGINE_KEYS})
+    return build_point_cluster(cl, spec, hw, engine, profile_bundle(*bundle_key))
 
 
 @lru_cache(maxsize=8)
@@ -158,7 +185,7 @@ def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
 def _cost_metrics(cfg: DictConfig, hw: HardwareSpec, metrics: dict[str, float]) -> dict[str, float]:
     price = cfg.hardware.cost_per_hour
     gpu_hour = hw.cost_per_hour if price is None else float(price)
-    gpus = cfg.cluster.tensor_parallel_size
+    gpus = gpus_per_point(cfg.cluster)
     usd_per_hour = gpu_hour * gpus
     out_tok_hour = metrics["output_throughput"] * 3600.0
     return {
@@ -187,12 +214,17 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     model = model_spec(cfg.model.name)
     hw = hardware_spec(cfg.hardware.name)
     bundle = cfg.hardware.bundle
-    latency = latency_model(
+    bundle_key = (
         bundle.source, bundle.root, bundle.variant, hw.name, model.name,
-        cfg.cluster.tensor_parallel_size,
+        int(cfg.cluster.tensor_parallel_size),
     )
+    cluster_key = json.dumps(OmegaConf.to_container(cfg.cluster, resolve=True), sort_keys=True)
+    pc = point_cluster(cluster_key, hw.name, model.name, bundle_key)
     workload = build_workload(cfg, model)
-    result = simulate(model, hw, engine_config(cfg), workload, latency)
+    result = simulate_cluster(
+        pc.instances, workload, router=pc.router, kv_transfer_ns=pc.kv_transfer_ns,
+        dp_pad=pc.dp_pad, seed=int(cfg.workload.seed),
+    )
     requests = result.requests
     metrics = {k: float(v) for k, v in compute_metrics(requests).items()}
     metrics.update(goodput(requests, cfg.slo, metrics["duration_s"]))

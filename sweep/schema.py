@@ -48,21 +48,17 @@ class ModelConf:
 
 @dataclass
 class ClusterConf:
-    """Serving cluster shape and vLLM engine knobs (per instance).
+    """Serving cluster shape and vLLM engine knobs (per instance); see ``sweep.cluster``."""
 
-    Fields marked *later* are part of the schema already; any non-default value is
-    rejected by ``sweep.validate`` as not yet supported.
-    """
-
-    num_instances: int = 1  # later
+    num_instances: int = 1  # replicas behind the router
     tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1  # later
-    data_parallel_size: int = 1  # later
-    expert_parallel_size: int = 1  # later
-    router: str = "round_robin"  # later: other policies
-    pd_disaggregation: bool = False  # later: prefill/decode roles
-    num_prefill_instances: int = 0  # later
-    prefix_storage: str = "none"  # later: cpu, cxl
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1  # MoE: one lock-step DP group per replica; dense: replicas
+    expert_parallel_size: int = 1  # 1 or tensor_parallel_size x data_parallel_size (MoE)
+    router: str = "least_loaded"  # round_robin, least_loaded, random, prefix_aware
+    pd_disaggregation: bool = False  # prefill/decode roles
+    num_prefill_instances: int = 0  # with pd_disaggregation: the first N replicas prefill
+    prefix_storage: str = "none"  # prefix-cache tier below the NPU: none, cpu, cxl
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048

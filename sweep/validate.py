@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engine.specs import ConfigError
 from profiles.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases
+from sweep.cluster import check_shape
 from workloads import LengthDist, WorkloadError
 
 BUNDLE_SOURCES = ("roofline", "dir")
@@ -23,16 +24,7 @@ WORKLOAD_KINDS = ("synthetic", "trace")
 ARRIVALS = ("poisson", "gamma")
 SEED_LIMIT = 2**32  # numpy's legacy RandomState (Poisson arrivals) takes 32-bit seeds
 # Cluster-shape fields that later work implements: the default is the only value accepted.
-NOT_YET_SUPPORTED: dict[str, Any] = {
-    "num_instances": 1,
-    "pipeline_parallel_size": 1,
-    "data_parallel_size": 1,
-    "expert_parallel_size": 1,
-    "router": "round_robin",
-    "pd_disaggregation": False,
-    "num_prefill_instances": 0,
-    "prefix_storage": "none",
-}
+ROUTERS = ("round_robin", "least_loaded", "random", "prefix_aware")
 
 
 def resolve_path(path: str) -> Path:
@@ -83,14 +75,10 @@ def check_hardware(cfg: DictConfig) -> None:
 
 def check_cluster(cfg: DictConfig) -> None:
     cl = cfg.cluster
-    for key, default in NOT_YET_SUPPORTED.items():
-        value = cl[key]
-        if value != default:
-            raise ConfigError(
-                f"cluster.{key}={value!r} is not yet supported; allowed: {default!r} "
-                "(the schema accepts it for studies that later releases will run)"
-            )
+    if cl.router not in ROUTERS:
+        raise _fail("cluster.router", cl.router, f"one of {list(ROUTERS)}")
     model = load_model(cfg.model.name)
+    check_shape(cl, model)
     tp = cl.tensor_parallel_size
     heads = model.num_attention_heads
     if tp < 1 or heads % tp:

@@ -143,21 +143,40 @@ def test_bad_values_name_the_key_and_allowed_values(override, key, allowed):
 
 
 @pytest.mark.parametrize(
-    "override",
+    "overrides",
     [
-        "cluster.num_instances=2",
-        "cluster.pipeline_parallel_size=2",
-        "cluster.data_parallel_size=2",
-        "cluster.expert_parallel_size=2",
-        "cluster.router=least_loaded",
-        "cluster.pd_disaggregation=true",
-        "cluster.prefix_storage=cpu",
+        ["cluster.num_instances=2"],
+        ["cluster.pipeline_parallel_size=2"],
+        ["cluster.data_parallel_size=2"],
+        ["cluster.router=prefix_aware"],
+        ["cluster.num_instances=3", "cluster.pd_disaggregation=true",
+         "cluster.num_prefill_instances=1"],
+        ["cluster.prefix_storage=cpu"],
+        ["cluster=tp2_x2"],
+        ["model=qwen3_30b_a3b", "cluster.data_parallel_size=2", "cluster.expert_parallel_size=2"],
     ],
 )
-def test_later_cluster_fields_are_accepted_by_the_schema_but_rejected(override):
-    cfg = compose_cfg(override)  # composes: the schema knows the field
-    with pytest.raises(ConfigError, match="not yet supported"):
-        check_config(cfg)
+def test_cluster_shapes_validate(overrides):
+    check_config(compose_cfg(*overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["cluster.expert_parallel_size=2"], "dense model"),
+        (["cluster.router=fastest"], "cluster.router='fastest' is not allowed"),
+        (["cluster.pd_disaggregation=true"], "cluster.num_prefill_instances=0"),
+        (["cluster.num_prefill_instances=1"], "needs cluster.pd_disaggregation=true"),
+        (["cluster.prefix_storage=disk"], "allowed: none, cpu, cxl"),
+        (["cluster.prefix_storage=cpu", "cluster.enable_prefix_caching=false"],
+         "needs cluster.enable_prefix_caching=true"),
+        (["model=qwen3_30b_a3b", "cluster.data_parallel_size=2", "cluster.expert_parallel_size=4"],
+         "tensor_parallel_size × data_parallel_size = 2"),
+    ],
+)
+def test_bad_cluster_shapes_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_config(compose_cfg(*overrides))
 
 
 def test_schema_rejects_unknown_keys_and_bad_types_at_composition():

@@ -76,10 +76,10 @@ def test_run_point_returns_plain_metrics_series_and_requests(small_cfg, small_re
 
 
 def test_caches_stay_warm_across_points(small_cfg, small_result):
-    before = job.latency_model.cache_info()
+    before = job.profile_bundle.cache_info()
     other = OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.5}})
     result = job.run_point(other)
-    after = job.latency_model.cache_info()
+    after = job.profile_bundle.cache_info()
     assert after.hits == before.hits + 1 and after.misses == before.misses
     assert result["metrics"]["kv_num_blocks"] < small_result["metrics"]["kv_num_blocks"]
 

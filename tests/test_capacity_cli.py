@@ -17,15 +17,16 @@ from mlflow.tracking import MlflowClient
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _env() -> dict[str, str]:
+def _env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
     env["PYTHONPATH"] = str(REPO)
+    env["SERVESWEEP_CACHE"] = str(workdir / "servesweep-cache")  # own bundles and probes
     return env
 
 
 def _run(workdir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "sweep.capacity", "+experiment=capacity_search", *overrides]
-    return subprocess.run(cmd, cwd=workdir, env=_env(), capture_output=True, text=True,
+    return subprocess.run(cmd, cwd=workdir, env=_env(workdir), capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -34,7 +35,7 @@ def _run(workdir: Path, *overrides: str, timeout: float = 300) -> subprocess.Com
 @pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 def test_cli_capacity_search_on_ray_with_mlflow(tmp_path):
     args = ("hydra.sweeper.params.hardware='h100_sxm,l40s'", "cluster.tensor_parallel_size=1",
-            "workload.num_requests=120", f"capacity.cache_dir={tmp_path / 'cache'}",
+            "workload.num_requests=120",
             "capacity.target_rate=20", "capacity.pool.num_actors=2")
     done = _run(tmp_path, *args)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -45,6 +45,11 @@ FLEET_COLUMNS = {
     "capacity_rps": "capacity (req/s)", "utilization": "utilisation",
     "verified": "meets SLO as one cluster",
 }
+VERIFY_LABELS = {
+    "verify_good_pct": "% requests meeting SLO (cluster)",
+    "verify_goodput_rps": "goodput req/s (cluster)",
+    "verify_error": "check failed",
+}
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}th,td{border:1px solid #ccc;
 padding:4px 8px;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
@@ -137,7 +142,8 @@ def render(study_dir: str | Path, out: str | Path | None = None) -> Path:
                     "are filled, the fleet was also simulated as one cluster: all replicas "
                     f"behind the engine's {html.escape(str(_router(fleet)))} router under the "
                     "whole target stream, checked against the same SLO.</p>")
-        verify_cols = {c: c.removeprefix("verify_") + " (cluster)" for c in fleet.columns
+        verify_cols = {c: VERIFY_LABELS.get(c, c.removeprefix("verify_") + " (cluster)")
+                       for c in fleet.columns
                        if c.startswith("verify_") and c not in ("verify_router", "verify_wall_s")}
         body.append(_table(fleet, {**FLEET_COLUMNS, **verify_cols}, best_first=True) if len(fleet) else
                     "<p><b>No configuration serves the target within the replica limit.</b></p>")

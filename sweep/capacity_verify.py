@@ -24,7 +24,8 @@ def verify_fleet(point: dict[str, Any], replicas: int, target_rate: float, spec:
     """Simulate ``replicas`` copies of ``point``'s instance at ``target_rate`` req/s.
 
     Returns ``verified`` (the fleet meets ``spec``), the observed SLO statistics (prefixed
-    ``verify_``), the fleet's goodput and the simulation's wall time.
+    ``verify_``), the share of requests meeting every bound, the fleet's goodput (over the
+    benchmark duration, drain included) and the simulation's wall time.
     """
     fleet_point = copy.deepcopy(point)
     wl = fleet_point["workload"]
@@ -44,6 +45,7 @@ def verify_fleet(point: dict[str, Any], replicas: int, target_rate: float, spec:
     return {
         "verified": report.passed,
         "verify_router": router,
+        "verify_good_pct": 100.0 * report.good_fraction,
         "verify_goodput_rps": report.goodput_rps,
         **{f"verify_{k}": v for k, v in report.observed.items()},
         "verify_wall_s": float(result.wall_s),

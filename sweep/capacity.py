@@ -111,7 +111,8 @@ def check_fleet_settings(cap: DictConfig) -> str | None:
         ("max_replicas", cap.max_replicas >= 1, "an integer >= 1"),
         ("fleet_top", cap.fleet_top >= 1, "an integer >= 1"),
         ("verify_top", cap.verify_top >= 0, "an integer >= 0 (0: no cluster check)"),
-        ("router", cap.router in ROUTER_POLICIES, f"one of {list(ROUTER_POLICIES)}"),
+        ("router", cap.router is None or cap.router in ROUTER_POLICIES,
+         f"null (the configuration's cluster.router) or one of {list(ROUTER_POLICIES)}"),
         ("pool.num_actors", cap.pool.num_actors is None or cap.pool.num_actors >= 0,
          "null (one per CPU), 0 (no Ray) or an integer > 0"),
         ("pool.probe_timeout_s", cap.pool.probe_timeout_s > 0, "seconds > 0"),
@@ -252,7 +253,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
 
 
 def verify(fleet: pd.DataFrame, configs: list[Configuration], target_rate: float,
-           spec: SloSpec, top: int, router: str, pool: Any) -> pd.DataFrame:
+           spec: SloSpec, top: int, router: str | None, pool: Any) -> pd.DataFrame:
     """Re-simulate the cheapest ``top`` fleets as clusters behind ``router``, side by side
     on ``pool``; add the ``verified`` column and the cluster's observed SLO statistics."""
     points = {c.label: c.point for c in configs}
@@ -270,7 +271,8 @@ def verify(fleet: pd.DataFrame, configs: list[Configuration], target_rate: float
             continue
         extra[done.key] = done.value
         log.info(f"fleet {row.replicas} x {row.config} at {target_rate:g} req/s behind a "
-                 f"{router} router: {'meets' if done.value['verified'] else 'misses'} the SLO")
+                 f"{done.value['verify_router']} router: "
+                 f"{'meets' if done.value['verified'] else 'misses'} the SLO")
     return pd.concat([fleet, pd.DataFrame(extra, index=fleet.index)], axis=1)
 
 

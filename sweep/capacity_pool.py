@@ -71,7 +71,7 @@ class Done:
 
 
 def run_fleet_check(point: dict[str, Any], replicas: int, rate: float, slo: dict[str, Any],
-                    router: str) -> dict[str, Any]:
+                    router: str | None) -> dict[str, Any]:
     """``sweep.capacity_verify.verify_fleet`` with plain-data arguments (for the pool)."""
     from analysis.slo import SloSpec
     from sweep.capacity_verify import verify_fleet

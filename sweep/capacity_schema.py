@@ -38,8 +38,8 @@ class CapacityConf:
     (``auto``: ``$SERVESWEEP_CACHE/capacity_probes``, else
     ``~/.cache/servesweep/capacity_probes``; null: no cache). ``target_rate`` (req/s): size the cheapest fleet, up to
     ``max_replicas`` replicas per option, listing ``fleet_top`` options; the cheapest
-    ``verify_top`` are re-simulated as one cluster behind the engine's ``router``
-    (``sweep.capacity_verify``).
+    ``verify_top`` are re-simulated as one cluster behind ``router`` (null: the
+    configuration's ``cluster.router``; ``sweep.capacity_verify``).
     """
 
     slo: dict[str, float | None] = field(default_factory=dict)
@@ -57,7 +57,7 @@ class CapacityConf:
     max_replicas: int = 64
     fleet_top: int = 5
     verify_top: int = 3
-    router: str = "least_loaded"
+    router: str | None = None
     pool: PoolConf = field(default_factory=PoolConf)
 
 

@@ -3,7 +3,7 @@
 ``CapacityStudy.run`` keeps one ``analysis.capacity.RateSearch`` per configuration and one
 probe in flight per unfinished search, so the probes of different configurations run side by
 side on the pool. A probe whose resolved config (model, hardware, cluster, workload with its
-rate) and SLO hash to a file in the probe cache is not simulated again. Each finished probe
+rate), SLO and simulator source hash to a file in the probe cache is not simulated again. Each finished probe
 goes to ``ProbeSink.probe_done`` and each answer to ``ProbeSink.config_done`` (MLflow in the
 CLI); the study returns the answers (one row per configuration) and the probes.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import logging
 import math
@@ -19,7 +20,6 @@ import os
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,23 +31,43 @@ from analysis.slo import SloSpec
 log = logging.getLogger(__name__)
 
 # Bumped when a probe's result format or meaning changes: old cache files are then ignored.
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 POINT_KEYS = ("hardware", "model", "cluster", "workload")
 
 
+# The code a probe's outcome depends on: its source is part of the cache key, so a changed
+# simulator never answers from probes of the old one.
+FINGERPRINT_PACKAGES = ("engine", "profiles", "astra_bridge", "workloads")
+FINGERPRINT_MODULES = ("analysis.metrics", "analysis.slo", "sweep.job", "sweep.cluster",
+                       "sweep.validate", "sweep.capacity_pool")
+
+
 @lru_cache(maxsize=1)
-def _package_version() -> str:
-    try:
-        return version("servesweep")
-    except PackageNotFoundError:
-        return "unknown"
+def code_fingerprint() -> str:
+    """SHA-256 of the simulator's source (``.py``/``.yaml`` of the packages and modules
+    above), read once per process."""
+    files: list[Path] = []
+    for name in FINGERPRINT_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            root = Path(spec.origin).parent
+            files += [f for f in root.rglob("*") if f.suffix in (".py", ".yaml")]
+    for name in FINGERPRINT_MODULES:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            files.append(Path(spec.origin))
+    digest = hashlib.sha256()
+    for path in sorted(set(files)):
+        digest.update(f"{path.parent.name}/{path.name}".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def probe_key(point: dict[str, Any], slo: dict[str, Any]) -> str:
-    """SHA-256 of what decides a probe's outcome: the simulated point and the SLO."""
+    """SHA-256 of what decides a probe's outcome: the simulated point, the SLO and the code."""
     payload = {
         "format": CACHE_FORMAT,
-        "servesweep": _package_version(),
+        "code": code_fingerprint(),
         "point": {k: point[k] for k in POINT_KEYS},
         "slo": slo,
     }

@@ -141,6 +141,16 @@ def test_probe_key_follows_the_point_and_slo() -> None:
     assert probe_key(point, {**slo, "goodput_fraction": 0.9}) != key
 
 
+def test_probe_key_follows_the_simulator_source(monkeypatch) -> None:
+    import sweep.capacity_study as study
+
+    point, slo = _config().point, {"bounds": {"tpot_ms_median": 20.0}, "goodput_fraction": None}
+    key = probe_key(point, slo)
+    assert len(study.code_fingerprint()) == 64
+    monkeypatch.setattr(study, "code_fingerprint", lambda: "another simulator")
+    assert probe_key(point, slo) != key
+
+
 def _hockey_stick(capacity: float, knee: float):
     """An M/M/1-like latency margin: crosses 0 at ``knee`` x ``capacity``."""
     def margin(rate: float) -> float:

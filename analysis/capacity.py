@@ -11,8 +11,11 @@ assuming that meeting it is monotone in the rate. Each probe reports pass/fail a
    measured request throughput). Otherwise the measured throughput X is where the search
    starts: ``start_fraction`` x X.
 2. *Bracketing*: multiply (pass) or divide (fail) the rate by ``growth`` until one passing
-   and one failing rate enclose the answer; a pass at ``max_rate`` ends with ``capped``, a
-   fail at ``min_rate`` with ``infeasible`` (answer 0).
+   and one failing rate enclose the answer; a pass at the ceiling ends with ``capped``, a
+   fail at ``min_rate`` with ``infeasible`` (answer 0). The ceiling is ``max_rate`` and, after
+   a saturation probe, ``1 + throughput_headroom`` times its throughput: no configuration
+   sustains much more than it serves flat out, and a run that passes far above it is too
+   short to build the queue a longer one would.
 3. *Bisection* in log-rate until ``hi / lo <= 1 + tolerance`` (status ``converged``; the
    answer is ``lo``, a rate that was seen to pass). The split point is the regula-falsi
    root of the margins (Illinois variant; with per-bound margins, the first bound to cross), moved half a tolerance towards the end of the
@@ -48,6 +51,7 @@ class SearchSettings:
     min_rate: float = 0.01
     max_rate: float = 10_000.0
     max_probes: int = 20
+    throughput_headroom: float | None = 0.5
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the ``capacity.*`` key of the first bad setting."""
@@ -61,6 +65,9 @@ class SearchSettings:
             ("initial_rate", self.initial_rate is None or self.initial_rate > 0,
              "null (start from a saturation probe) or a rate > 0"),
             ("saturation_rate", self.saturation_rate > 0, "a rate > 0 or .inf"),
+            ("throughput_headroom",
+             self.throughput_headroom is None or self.throughput_headroom >= 0,
+             "null (no ceiling) or a fraction >= 0"),
         )
         for key, ok, allowed in rules:
             if not ok:
@@ -159,7 +166,7 @@ class RateSearch:
             self._stale_hi, self._stale_lo = 0, self._stale_lo + 1
         if self._lo is not None and self._hi is not None:
             self._widths.append(math.log(self._hi.rate / self._lo.rate))
-        if passed and rate >= s.max_rate:
+        if passed and rate >= self._ceiling():
             self._finish("capped", rate)
         elif not passed and rate <= s.min_rate and self._lo is None:
             self._finish("infeasible", 0.0)
@@ -178,6 +185,17 @@ class RateSearch:
         self.result = SearchResult(status, answer, self._rate(self._lo), self._rate(self._hi),
                                    len(self.probes))
 
+    def _ceiling(self) -> float:
+        """The highest rate worth probing: ``max_rate``, and at most ``1 + throughput_headroom``
+        times the saturation throughput (a run that passes above it is too short to show
+        the queue it would build)."""
+        s = self.settings
+        sat = self.probes[0].throughput if self.probes and self.probes[0].kind == "saturation" \
+            else math.nan
+        if s.throughput_headroom is None or not (math.isfinite(sat) and sat > 0):
+            return s.max_rate
+        return max(min(s.max_rate, sat * (1 + s.throughput_headroom)), s.min_rate)
+
     def _converged(self) -> bool:
         if self._lo is None or self._hi is None:
             return False
@@ -195,7 +213,7 @@ class RateSearch:
             return _clamp(start, s), "bracket"
         if self._hi is None:
             assert self._lo is not None
-            return min(self._lo.rate * s.growth, s.max_rate), "bracket"
+            return min(self._lo.rate * s.growth, self._ceiling()), "bracket"
         if self._lo is None:
             return max(self._hi.rate / s.growth, s.min_rate), "bracket"
         return math.exp(self._split()), "bisect"

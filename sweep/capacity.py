@@ -58,7 +58,8 @@ def grid(hc: Any) -> tuple[list[str], list[dict[str, str]]]:
     params = OmegaConf.to_container(hc.sweeper.params, resolve=False) if hc.sweeper.get("params") else {}
     axes: dict[str, list[str]] = {}
     for o in parser.parse_overrides([f"{k}={v}" for k, v in (params or {}).items()]):
-        axes[o.get_key_element()] = list(o.sweep_string_iterator())
+        axes[o.get_key_element()] = (list(o.sweep_string_iterator()) if o.is_sweep_override()
+                                     else [o.get_value_element_as_str()])
     common = []
     for o in parser.parse_overrides(list(hc.overrides.task)):
         axes.pop(o.get_key_element(), None)
@@ -129,7 +130,7 @@ def settings_of(cap: DictConfig) -> SearchSettings:
         tolerance=cap.tolerance, initial_rate=cap.initial_rate,
         saturation_rate=cap.saturation_rate, start_fraction=cap.start_fraction,
         growth=cap.growth, min_rate=cap.min_rate, max_rate=cap.max_rate,
-        max_probes=cap.max_probes,
+        max_probes=cap.max_probes, throughput_headroom=cap.throughput_headroom,
     )
     s.check()
     return s

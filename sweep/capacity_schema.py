@@ -34,7 +34,8 @@ class CapacityConf:
     Search: relative ``tolerance``; start at ``initial_rate`` or, when null, at
     ``start_fraction`` x the throughput of a saturation probe at ``saturation_rate``
     (``.inf``: all requests at t = 0); bracket by ``growth`` within ``min_rate`` ..
-    ``max_rate``; at most ``max_probes``. Probe results are cached in ``cache_dir``
+    ``max_rate`` and at most ``1 + throughput_headroom`` x the saturation throughput
+    (null: no such ceiling); at most ``max_probes``. Probe results are cached in ``cache_dir``
     (``auto``: ``$SERVESWEEP_CACHE/capacity_probes``, else
     ``~/.cache/servesweep/capacity_probes``; null: no cache). ``target_rate`` (req/s): size the cheapest fleet, up to
     ``max_replicas`` replicas per option, listing ``fleet_top`` options; the cheapest
@@ -52,6 +53,7 @@ class CapacityConf:
     min_rate: float = 0.01
     max_rate: float = 10000.0
     max_probes: int = 20
+    throughput_headroom: float | None = 0.5
     cache_dir: str | None = "auto"
     target_rate: float | None = None
     max_replicas: int = 64

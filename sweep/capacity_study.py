@@ -275,6 +275,11 @@ class CapacityStudy:
         assert res is not None
         log.info(f"{cfg.label}: {res.max_rate:.4g} req/s ({res.status}, {res.probes} probes, "
                  f"{cfg.cached} from cache)")
+        if res.status == "capped":
+            log.warning(f"{cfg.label}: still meets the SLO at the search's ceiling "
+                        f"({res.max_rate:.4g} req/s): raise capacity.max_rate, or, when the "
+                        "ceiling is the saturation throughput, workload.num_requests (the run "
+                        "is too short to reach a steady state)")
         self._events.append(("config_done", cfg, answer_row(cfg)))
 
     def _flush(self) -> None:

@@ -200,6 +200,17 @@ def test_search_end_states(margin, status, answer) -> None:
     assert res.status == status and res.max_rate == answer
 
 
+def test_search_ceiling_follows_the_saturation_throughput() -> None:
+    """A run that meets the SLO everywhere but the saturation probe stops at
+    (1 + headroom) x the saturation throughput, not at max_rate."""
+    margin = lambda r: 1.0 if math.isinf(r) else -1.0  # noqa: E731
+    res = _drive(RateSearch(SearchSettings()), margin, 5.0).result
+    assert res.status == "capped" and res.max_rate == pytest.approx(5.0 * 1.5)
+    free = _drive(RateSearch(SearchSettings(throughput_headroom=None, max_rate=100.0)),
+                  margin, 5.0).result
+    assert free.status == "capped" and free.max_rate == 100.0
+
+
 def test_search_capped_and_initial_rate() -> None:
     s = SearchSettings(initial_rate=10.0, max_rate=50.0)
     res = _drive(RateSearch(s), lambda r: -1.0, 5.0).result
@@ -334,14 +345,16 @@ def test_grid_from_sweeper_params_and_overrides() -> None:
 
     hc = OmegaConf.create({
         "sweeper": {"params": {"hardware": "h100_sxm,l40s", "cluster.tensor_parallel_size": "1,2",
-                               "cluster.max_num_seqs": "range(64,257,192)"}},
+                               "cluster.max_num_seqs": "range(64,257,192)",
+                               "cluster.gpu_memory_utilization": "0.8"}},
         "overrides": {"task": ["+experiment=capacity_search", "cluster.tensor_parallel_size=4"]},
     })
     common, combos = grid(hc)
     assert common == ["+experiment=capacity_search", "cluster.tensor_parallel_size=4"]
-    assert combos == [{"hardware": h, "cluster.max_num_seqs": n}
+    assert combos == [{"hardware": h, "cluster.max_num_seqs": n,
+                       "cluster.gpu_memory_utilization": "0.8"}
                       for h in ("h100_sxm", "l40s") for n in ("64", "256")]
-    assert label(combos[1]) == "h100_sxm seqs=256"
+    assert label(combos[1]) == "h100_sxm seqs=256 mem=0.8"
 
 
 def test_sink_sees_every_probe_then_the_answer() -> None:

@@ -118,7 +118,9 @@ def _sweep(hydra_sweep_runner, tmp_path, *extra):
 
 
 def test_results_in_job_order_and_failures_recorded(hydra_sweep_runner, tmp_path):
-    with _sweep(hydra_sweep_runner, tmp_path, "+x=0,1,2,3,4,5", "+crash=true") as sweep:
+    # retries off: the crashing job fails on its first death (retries: test_reliability_faults)
+    with _sweep(hydra_sweep_runner, tmp_path, "+x=0,1,2,3,4,5", "+crash=true",
+                "hydra.launcher.max_retries=0") as sweep:
         returns = sweep.returns[0]
     assert [r.overrides[0] for r in returns] == [f"+x={i}" for i in range(6)]
     values = [r.return_value for r in returns]

@@ -28,7 +28,10 @@ class RayActorLauncherConf:
     (always capped to what the cluster can schedule). ``on_failure``: ``continue`` records a
     failed job and keeps going (the sweep exits 0); ``raise`` lets Hydra's sweeper raise the
     first failure after the batch has run. ``job_timeout_s``: a job running longer is killed
-    and recorded as failed. ``validator``: ``module:function`` called on every composed job
+    and recorded as failed. ``max_retries``: how many more times a job runs when its actor
+    dies under it (crash, OOM kill, lost node); a job that raises or times out is not
+    retried. ``resume``: skip jobs the recorder already holds a finished result for (see
+    ``hooks.Recorder.previous_result``). ``validator``: ``module:function`` called on every composed job
     config before anything starts. ``recorder``: ``module:Class`` that receives each result
     in the driver as it arrives (see ``hooks.Recorder``). ``preload``: modules each actor
     imports when it starts, before its first job.
@@ -42,6 +45,8 @@ class RayActorLauncherConf:
     runtime_env: dict[str, Any] = field(default_factory=dict)
     on_failure: str = "continue"
     job_timeout_s: float | None = 3600.0
+    max_retries: int = 2
+    resume: bool = True
     ready_timeout_s: float = 120.0
     shutdown_ray: bool = True
     progress: bool = True

@@ -32,6 +32,11 @@ class Recorder(Protocol):
 
     def close(self, status: str) -> None: ...
 
+    # Optional: with ``hydra.launcher.resume`` (the default) the launcher calls
+    # ``previous_result(cfg)`` for every job once ``start`` has run; a job for which it
+    # returns a result is not run, and ``job_done`` receives that result instead.
+    # def previous_result(self, cfg: DictConfig) -> Any | None: ...
+
 
 Validator = Callable[[DictConfig], None]
 

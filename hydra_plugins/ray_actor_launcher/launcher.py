@@ -2,7 +2,10 @@
 
 The driver (this process) composes and validates every job config, then starts or
 attaches Ray, creates the actors, sends each job to the next idle actor and hands each
-result to the recorder as it arrives. Results go back to the sweeper in job order.
+result to the recorder as it arrives. Results go back to the sweeper in job order. With
+``resume`` (the default) a recorder that offers ``previous_result(cfg)`` is asked first for
+each job: a job it already holds a finished result for is not run again, its stored result
+is handed to the recorder and returned like a fresh one.
 """
 
 from __future__ import annotations
@@ -151,7 +154,11 @@ class RayActorLauncher(Launcher):
                 starting.wait()
             log.info(f"{size} actors ready {time.monotonic() - t_start:.1f} s after launch")
             t_jobs = time.monotonic()
-            pool = ActorSet(actors, lambda: remote_cls.remote(preload), self.params.job_timeout_s)
+            pool = ActorSet(
+                actors, lambda: remote_cls.remote(preload), self.params.job_timeout_s,
+                max_retries=int(self.params.max_retries),
+                ready_timeout_s=float(self.params.ready_timeout_s),
+            )
             ctx_ref = ray.put(self.hydra_context)
             fn_ref = ray.put(self.task_function)
             state_ref = ray.put(Singleton.get_state())
@@ -163,7 +170,19 @@ class RayActorLauncher(Launcher):
             progress = Progress(len(jobs), bool(self.params.progress))
             results: dict[int, JobReturn] = {}
             configs = dict(jobs)
-            for out in pool.run([(idx, (idx, cfg)) for idx, cfg in jobs], submit):
+            previous = self._previous_results(jobs, recorder)
+            for idx, value in previous.items():
+                ret = JobReturn(status=JobStatus.COMPLETED, _return_value=value)
+                ret.overrides = list(job_overrides[idx - initial_job_idx])
+                results[idx] = ret
+                assert recorder is not None
+                recorder.job_done(idx, configs[idx], ret)
+                progress.update(False)
+            if previous:
+                log.info(f"resume: {len(previous)} of {len(jobs)} jobs already have a finished "
+                         f"result; running the other {len(jobs) - len(previous)}")
+            todo = [(idx, (idx, cfg)) for idx, cfg in jobs if idx not in previous]
+            for out in pool.run(todo, submit):
                 if out.error is None:
                     _, ret = out.value
                 else:
@@ -174,8 +193,9 @@ class RayActorLauncher(Launcher):
                     recorder.job_done(out.key, configs[out.key], ret)
                 progress.update(ret.status == JobStatus.FAILED)
             actors = pool.actors
-            log.info(f"{len(jobs)} jobs ran in {time.monotonic() - t_jobs:.1f} s on {size} actors"
-                     + (f" ({pool.replaced} replaced)" if pool.replaced else ""))
+            log.info(f"{len(todo)} jobs ran in {time.monotonic() - t_jobs:.1f} s on {size} actors"
+                     + (f" ({pool.replaced} replaced, {pool.retried} jobs retried)"
+                        if pool.replaced else ""))
             return results
         finally:
             if progress is not None:
@@ -185,6 +205,21 @@ class RayActorLauncher(Launcher):
             if self._started_ray and self.params.shutdown_ray:
                 ray.shutdown()
                 self._started_ray = False
+
+    def _previous_results(
+        self, jobs: list[tuple[int, DictConfig]], recorder: Recorder | None
+    ) -> dict[int, Any]:
+        """Stored results of jobs that already finished (``resume`` and a recorder that
+        implements ``previous_result``), by job index."""
+        lookup = getattr(recorder, "previous_result", None)
+        if not self.params.resume or lookup is None:
+            return {}
+        found = {}
+        for idx, cfg in jobs:
+            value = lookup(cfg)
+            if value is not None:
+                found[idx] = value
+        return found
 
     def _ensure_ray(self, ray: Any) -> None:
         if ray.is_initialized():

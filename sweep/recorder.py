@@ -5,7 +5,11 @@ and is also used by a single ``python -m sweep`` run. For a sweep it opens a par
 run, logs one child run per grid point as results arrive (flattened config as params, the
 metrics, the per-second time series as step metrics, the per-request Parquet, the resolved
 config and a plot as artifacts) and at the end writes ``results.parquet`` (one row per
-point: config columns + metrics) into the sweep directory. Job files are written at once;
+point: config columns + metrics) into the sweep directory. Every point carries the content
+hash of its config (``sweep.config_hash``) as an MLflow tag and param and a table column;
+``previous_result`` finds a point's finished run by that hash, so the launcher can resume a
+sweep, and a resumed point's row reuses that run (``resumed_from``) instead of logging a
+new one. Job files are written at once;
 MLflow calls go through one background writer thread (still one process, one writer), so
 the launcher's dispatch loop never waits on the store.
 """
@@ -24,6 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
+
+from sweep.config_hash import HASH_KEY, point_hash
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +100,7 @@ class SweepRecorder:
         )
         self.tracker: Any = None
         self.parent_id: str | None = None
+        self._finished: Any = None  # sweep.resume.FinishedIndex, loaded on first lookup
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
         self._logging: list[tuple[dict[str, Any], Future[str]]] = []
 
@@ -106,9 +113,10 @@ class SweepRecorder:
 
                 self.groundtruth_metrics = groundtruth_metrics(self.groundtruth, self.slo)[1]
             return
-        from sweep.tracking import Tracker
+        from sweep.store_lock import open_tracker
 
-        self.tracker = Tracker(self.tracking["uri"], self.tracking["experiment"])
+        # several sweeps may open (and create) one sqlite store at the same time
+        self.tracker = open_tracker(self.tracking["uri"], self.tracking["experiment"])
         if self.nested:
             self.parent_id = self.tracker.create_run(
                 self.sweep_dir.name,
@@ -128,6 +136,18 @@ class SweepRecorder:
         if self.groundtruth:
             self._log_groundtruth()
 
+    def previous_result(self, cfg: DictConfig) -> dict[str, Any] | None:
+        """The stored result of this point if a finished run with its config hash exists in
+        the experiment (None without a tracking store); see ``sweep.resume``."""
+        if self.tracker is None:
+            return None
+        if self._finished is None:
+            from sweep.resume import FinishedIndex
+
+            self._finished = FinishedIndex.load(self.tracker.client, self.tracker.experiment_id)
+        found = self._finished.get(_point_hash(cfg))
+        return found.result() if found is not None else None
+
     def job_done(self, idx: int, cfg: DictConfig, ret: JobReturn) -> None:
         """Write the job's files, log its MLflow run, and keep its results-table row.
 
@@ -141,12 +161,16 @@ class SweepRecorder:
         params = flatten({k: v for k, v in point.items() if k not in NON_POINT_KEYS})
         value = ret._return_value
         ok = ret.status == JobStatus.COMPLETED and isinstance(value, dict) and "metrics" in value
+        point_key = _point_hash(cfg)
+        resumed = value.get("resumed_from") if ok else None
         row: dict[str, Any] = {
             "job": idx,
             "status": "finished" if ok else "failed",
             "error": None,
             "overrides": " ".join(overrides),
             "output_dir": str(out_dir),
+            HASH_KEY: point_key,
+            "resumed_from": resumed,
             **params,
         }
         (out_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(point)))
@@ -163,10 +187,14 @@ class SweepRecorder:
             (out_dir / "error.txt").write_text(row["error"])
             files = [out_dir / "error.txt"]
         files.append(out_dir / "config_resolved.yaml")
-        if self.tracker is not None:
+        if resumed is not None:  # its finished run is already in the store: log nothing
+            row["mlflow_run_id"] = resumed
+        elif self.tracker is not None:
             # One writer thread: the launcher goes back to dispatching jobs at once.
+            tags = {HASH_KEY: point_key, "output_dir": str(out_dir)}
             future = self._writer.submit(
-                self._log_run, idx, params, overrides, value if ok else None, files, ok
+                self._log_run, idx, {**params, HASH_KEY: point_key}, overrides, value if ok else None,
+                files, ok, tags,
             )
             self._logging.append((row, future))
         self.rows.append(row)
@@ -237,11 +265,13 @@ class SweepRecorder:
         return files
 
     def _log_run(self, idx: int, params: dict[str, Any], overrides: list[str],
-                 value: dict[str, Any] | None, files: list[Path], ok: bool) -> str:
+                 value: dict[str, Any] | None, files: list[Path], ok: bool,
+                 extra_tags: dict[str, str]) -> str:
+        """One point's run; it is set FINISHED last, so a FINISHED run is complete."""
         tr = self.tracker
         name = f"job-{idx}" if self.nested else str(self.study["name"])
         tags = {"job_num": str(idx), "status": "finished" if ok else "failed", "source": "sim",
-                "overrides": " ".join(overrides)[:5000]}
+                "overrides": " ".join(overrides)[:5000], **extra_tags}
         run_id = tr.create_run(name, tags, parent_id=self.parent_id)
         tr.log_params(run_id, params)
         if value is not None:
@@ -277,6 +307,13 @@ class SweepRecorder:
         _, self.groundtruth_metrics = log_groundtruth_run(
             self.tracker, self.groundtruth, self.slo, self.parent_id
         )
+
+
+def _point_hash(cfg: DictConfig) -> str:
+    """``sweep.config_hash.point_hash`` of a job config; a relative trace path is taken from
+    the directory the sweep started in."""
+    cwd = OmegaConf.select(cfg, "hydra.runtime.cwd", default=None) if "hydra" in cfg else None
+    return point_hash(task_config(cfg), Path(str(cwd)) if cwd else None)
 
 
 def _error_text(value: Any) -> str:

@@ -5,8 +5,7 @@
 Composes the default point once and times ``sweep.config_hash.point_hash`` on it. Then it
 fills a fresh sqlite MLflow store with ``--runs`` finished point runs, shaped like the
 recorder's (the default point's flattened config as params, 60 metrics, the hash tag),
-and times
-``sweep.resume.FinishedIndex.load``. A resumed sweep pays the load once, plus one hash per
+and times ``sweep.resume.FinishedIndex.load``. A resumed sweep pays the load once, plus one hash per
 point. Prints the measured numbers.
 """
 

@@ -35,7 +35,7 @@ def _run(workdir: Path, *overrides: str, timeout: float = 300) -> subprocess.Com
 @pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 def test_cli_capacity_search_on_ray_with_mlflow(tmp_path):
     args = ("hydra.sweeper.params.hardware='h100_sxm,l40s'", "cluster.tensor_parallel_size=1",
-            "workload.num_requests=120",
+            "workload.num_requests=300",
             "capacity.target_rate=20", "capacity.pool.num_actors=2")
     done = _run(tmp_path, *args)
     assert done.returncode == 0, done.stderr[-3000:]

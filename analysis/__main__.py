@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     run_scenario.add_arguments(
         sub.add_parser("scenario", help="run a reference (LLMServingSim) cluster config")
     )
+    report = sub.add_parser("report", help="HTML report of a capacity study")
+    report.add_argument("study_dir")
+    report.add_argument("rest", nargs=argparse.REMAINDER)
     summarize = sub.add_parser("summarize", help="print a sweep's results table and plot")
     summarize.add_argument("sweep_dir")
     summarize.add_argument("rest", nargs=argparse.REMAINDER)
@@ -28,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
             return validate.main(args)
         if args.command == "scenario":
             return run_scenario.main(args)
+        if args.command == "report":
+            from analysis.report import main as report_main
+
+            return int(report_main([args.study_dir, *args.rest]) or 0)
         if args.command == "summarize":
             from sweep.summarize import main as summarize_main
 

@@ -4,7 +4,17 @@ import sys
 
 from sweep.app import main
 
+# Studies that search (their points depend on earlier results) run under their own driver.
+SEARCH_STUDIES = ("capacity_search", "fleet_sizing")
+
 if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        if arg.startswith("+experiment=") and arg.split("=", 1)[1] in SEARCH_STUDIES:
+            study = arg.split("=", 1)[1]
+            sys.exit(
+                f"{study} is a capacity search, not a grid: run it with "
+                f"`python -m sweep.capacity +experiment={study}` (without -m); see docs/capacity.md"
+            )
     try:
         main()
     except KeyboardInterrupt:

@@ -516,7 +516,10 @@ def load_bundle(root: str | Path, hardware: str | None = None, model_name: str |
         )
     key = path.resolve()
     bundle = _CACHE.get(key)
-    if bundle is None:
+    # A bundle may gain tp<N>/ folders after it was cached (another process generating a
+    # roofline degree into a shared cache): reload when the folder set changed.
+    present = {int(p.name[2:]) for p in key.glob("tp*") if p.is_dir() and p.name[2:].isdigit()}
+    if bundle is None or set(bundle.tps) != present:
         bundle = _load_variant_dir(key)
         _CACHE[key] = bundle
         log.debug("loaded profile bundle %s (tp %s)", key, sorted(bundle.tps))

@@ -337,3 +337,27 @@ def test_shipped_moe_bundle(shared_data: Path) -> None:
     assert sum(len(r) for r in moe.rows) == 50
     assert b.tables(2).moe is None
     assert moe.rows[0].ys[0] == 50230  # 50.2297 us
+
+
+def test_cached_bundle_is_reloaded_when_a_tp_folder_appears(tmp_path) -> None:
+    from engine.specs import HardwareSpec
+    from profiles.bundle import load_bundle
+    from profiles.catalog import load_model
+    from profiles.roofline import generate_bundle
+
+    hw = HardwareSpec("TESTGPU", 80.0, 2000.0, 500.0, 1000.0, 100.0, 1000.0)
+    model = load_model("meta-llama/Llama-3.1-8B")
+    variant = generate_bundle(hw, model, 1, tmp_path)
+    assert set(load_bundle(variant).tps) == {1}
+    # Another process adds tp2 to the same root (this process's cache is not told).
+    import subprocess
+    import sys
+
+    code = (
+        "from engine.specs import HardwareSpec; from profiles.catalog import load_model;"
+        "from profiles.roofline import generate_bundle;"
+        "hw = HardwareSpec('TESTGPU', 80.0, 2000.0, 500.0, 1000.0, 100.0, 1000.0);"
+        f"generate_bundle(hw, load_model('meta-llama/Llama-3.1-8B'), 2, {str(tmp_path)!r})"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert set(load_bundle(variant).tps) == {1, 2}

@@ -153,25 +153,28 @@ def test_sweep_survives_losing_a_node(tmp_path):
         store = f"sqlite:///{tmp_path / 'mlflow.db'}"
         rates = ",".join(str(r) for r in range(1, POINTS + 1))
         env = {**ray_env(), "RAY_ADDRESS": address}
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
-             "cluster.gpu_memory_utilization=0.9", f"workload.rate={rates}",
-             "workload.num_requests=500", "tracking.plots=false", "hydra.launcher.progress=false",
-             "hydra.launcher.max_retries=2", "-m"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )
+        log = tmp_path / "driver.log"
+        with log.open("w") as out_file:  # a file, not a pipe nobody reads while polling
+            driver = subprocess.Popen(
+                [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
+                 "cluster.gpu_memory_utilization=0.9", f"workload.rate={rates}",
+                 "workload.num_requests=500", "tracking.plots=false",
+                 "hydra.launcher.progress=false", "hydra.launcher.max_retries=2", "-m"],
+                cwd=tmp_path, env=env, stdout=out_file, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         # kill the worker node's raylet once the sweep is under way on both nodes
         deadline = time.monotonic() + 180
         done = 0
         while done < 2:
-            assert driver.poll() is None, driver.stdout.read()[-4000:]
+            assert driver.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "the sweep did not get going"
             time.sleep(0.5)
             done = finished_points(tmp_path / "mlflow.db")
         os.kill(worker_raylet[0], signal.SIGKILL)
         killed_at = done
-        out, _ = driver.communicate(timeout=400)
+        driver.wait(timeout=400)
+        out = log.read_text()
         assert driver.returncode == 0, out[-4000:]
     finally:
         if driver is not None and driver.poll() is None:

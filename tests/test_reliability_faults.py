@@ -138,3 +138,39 @@ def test_retries_off_records_the_first_death(hydra_sweep_runner, tmp_path):
         values = [r.return_value for r in sweep.returns[0]]
     assert values[0]["status"] == "failed" and "actor died" in values[0]["error"]
     assert values[1]["x"] == 1
+
+
+class Worker:
+    """A bare actor for ``ActorSet``: job 0 kills it."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, x: int) -> int:
+        if x == 0:
+            os._exit(3)
+        return x
+
+
+def test_jobs_fail_with_the_reason_when_no_replacement_can_start():
+    """A replacement the cluster cannot place (here: it asks for a resource no node has, as
+    after losing the only node that fits) never gets a job; the jobs left fail with the
+    reason after ``ready_timeout_s`` instead of hanging."""
+    from hydra_plugins.ray_actor_launcher._pool import ActorSet
+
+    remote = ray.remote(Worker)
+    first = remote.options(num_cpus=1).remote()
+    ray.get(first.pid.remote(), timeout=60)
+    pool = ActorSet([first], lambda: remote.options(num_cpus=1, resources={"absent": 1}).remote(),
+                    job_timeout_s=None, poll_s=0.2, max_retries=1, ready_timeout_s=2)
+    t0 = time.monotonic()
+    try:
+        outs = {o.key: o for o in pool.run([(k, k) for k in range(3)],
+                                          lambda actor, x: actor.run.remote(x))}
+    finally:
+        for actor in pool.actors:
+            ray.kill(actor)
+    assert time.monotonic() - t0 < 30
+    assert sorted(outs) == [0, 1, 2]
+    assert all("no actor available" in (o.error or "") for o in outs.values()), outs
+    assert outs[0].attempts == 2 and pool.replaced == 1 and pool.retried == 1

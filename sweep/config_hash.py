@@ -2,7 +2,8 @@
 
 ``point_hash(point)`` hashes the resolved job config (plain containers, ``hydra`` node
 removed, as ``sweep.recorder.task_config`` returns it) without the keys that only say where
-results go or how the study is labelled (``tracking``, ``study``, ``groundtruth``). Everything
+results go or how the study is labelled (``tracking``, ``study``, ``groundtruth``) or configure
+the capacity-search driver (``capacity``). Everything
 else that reaches ``sweep.job.run_point`` is included: model, hardware (and bundle source),
 cluster knobs, workload (including its seed) and SLOs. A replayed trace file
 (``workload.kind=trace``) is also identified by the SHA-256 of its bytes, so editing the
@@ -25,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 HASH_VERSION = 1
-# Config subtrees that do not change what a point simulates.
-NOT_HASHED = ("tracking", "study", "groundtruth")
+# Config subtrees that do not change what a point simulates (``capacity`` configures the
+# capacity-search driver; it is present only when sweep.capacity extended the schema).
+NOT_HASHED = ("tracking", "study", "groundtruth", "capacity")
 HASH_KEY = "config_hash"  # MLflow tag, MLflow param and results-table column
 
 

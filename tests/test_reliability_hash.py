@@ -70,7 +70,8 @@ def test_trace_file_content_is_part_of_the_hash(tmp_path):
     assert h("workload=trace", f"workload.path={trace}") != first
 
 
-def test_hash_is_the_same_in_another_process_with_another_hash_seed():
+def test_hash_is_the_same_in_other_processes_with_other_hash_seeds():
+    """Two fresh processes (this one's ConfigStore may hold another test's schema extension)."""
     code = (
         "from hydra import compose, initialize_config_dir\n"
         "from sweep.schema import register\n"
@@ -80,9 +81,13 @@ def test_hash_is_the_same_in_another_process_with_another_hash_seed():
         f"with initialize_config_dir(config_dir={str(CONF)!r}, version_base='1.3'):\n"
         "    print(point_hash(task_config(compose('config', overrides=['workload.seed=9']))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
-    assert out.stdout.strip() == h("workload.seed=9")
+    hashes = [
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout.strip()
+        for seed in ("1", "12345")
+    ]
+    assert len(hashes[0]) == 24 and hashes[0] == hashes[1]
+    assert hashes[0] != h("workload.seed=8")
 
 
 def test_finished_index_trusts_only_finished_runs_and_the_earliest(tmp_path):

@@ -21,6 +21,7 @@ from analysis.report_plots import latency_file, latency_vs_load_png
 from analysis.slo import SloSpec
 from sweep.capacity_study import Configuration
 from sweep.recorder import flatten
+from sweep.store_lock import open_tracker
 from sweep.tracking import Tracker
 
 
@@ -42,7 +43,7 @@ class MlflowSink:
 
     @classmethod
     def open(cls, cfg: DictConfig, out_dir: Path, spec: SloSpec) -> MlflowSink:
-        tracker = Tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
+        tracker = open_tracker(str(cfg.tracking.uri), str(cfg.tracking.experiment))
         parent = tracker.create_run(
             out_dir.name, {"kind": "capacity_search", "study": str(cfg.study.name),
                            "output_dir": str(out_dir)})

@@ -23,6 +23,7 @@ DTYPE_BYTES = {
     "half": 2,
     "float32": 4,
     "fp32": 4,
+    "float": 4,
     "fp8": 1,
     "fp8_e4m3": 1,
     "fp8_e5m2": 1,
@@ -30,9 +31,10 @@ DTYPE_BYTES = {
 }
 
 
-def dtype_bytes(name: str, field: str) -> int:
+def dtype_bytes(name: str, field: str = "dtype") -> int:
+    """Bytes per element of a weight or KV-cache dtype name (the one table of them)."""
     try:
-        return DTYPE_BYTES[name.lower()]
+        return DTYPE_BYTES[str(name).lower()]
     except KeyError:
         raise ConfigError(
             f"{field}={name!r} is not a known dtype; use one of {sorted(DTYPE_BYTES)}"
@@ -54,13 +56,11 @@ def weight_bytes_per_rank(model: ModelSpec, tp: int = 1, ep: int = 1, pp: int = 
     fp = dtype_bytes(model.dtype, "model.dtype")
     h = model.hidden_size
     q_dim = model.num_attention_heads * model.head_dim
-    kv_dim = model.num_kv_heads * model.head_dim
     kv_rank = max(1, model.num_kv_heads // tp) * model.head_dim
     vocab_rank = math.ceil(model.vocab_size / tp)
     embed = vocab_rank * h
     lm_head = 0 if model.tie_word_embeddings else vocab_rank * h
     attn = h * (q_dim // tp + 2 * kv_rank) + (q_dim // tp) * h
-    del kv_dim
     if model.is_moe:
         f = model.moe_intermediate_size or model.intermediate_size
         experts_rank = math.ceil(model.num_experts / ep)

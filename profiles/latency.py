@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.batch import BatchShape
+from engine.memory import DTYPE_BYTES
 from engine.specs import ConfigError, EngineConfig, ModelSpec
 from profiles.architecture import Architecture, load_architecture
 from profiles.bundle import (
@@ -68,8 +69,6 @@ from profiles.bundle import (
 
 log = logging.getLogger(__name__)
 
-_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
-                "fp32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1, "int8": 1}
 _MAX_CACHE = 1 << 20  # memo entries before the cache is reset
 _WARNED: set[str] = set()
 
@@ -315,9 +314,9 @@ class ProfiledLatencyModel:
             )
         self._tables = bundle.tables(tp)
         self._tp1 = bundle.tps.get(1, self._tables)
-        self._fp_bytes = _DTYPE_BYTES.get(model.dtype.lower())
+        self._fp_bytes = DTYPE_BYTES.get(model.dtype.lower())
         if self._fp_bytes is None:
-            raise ConfigError(f"model {model.name}: dtype '{model.dtype}' unknown; use one of {sorted(_DTYPE_BYTES)}")
+            raise ConfigError(f"model {model.name}: dtype '{model.dtype}' unknown; use one of {sorted(DTYPE_BYTES)}")
         self._bw = host_mem_bw_gbs
         skip_rotary = "TPU" in bundle.hardware
         self._prologue = self._dense_rows(self.arch.prologue, skip_rotary)

@@ -38,20 +38,11 @@ from typing import Any
 from astra_bridge import NetworkModel
 from astra_bridge.topology import Dimension, DimKind, SystemConfig, Topology
 from engine.batch import BatchShape, LatencyModel
+from engine.memory import dtype_bytes
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 
-_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "float32": 4,
-                "fp32": 4, "float": 4, "fp8": 1, "fp8_e4m3": 1, "int8": 1}
 _TP_ALLREDUCE_ROWS = ("o_proj", "down_proj")
 _MAX_CACHE = 1 << 20
-
-
-def dtype_bytes(dtype: str, field: str = "dtype") -> int:
-    """Bytes per element of a weight / KV dtype name."""
-    b = _DTYPE_BYTES.get(str(dtype).lower())
-    if b is None:
-        raise ConfigError(f"{field} = {dtype!r}: unknown; use one of {sorted(_DTYPE_BYTES)}")
-    return b
 
 
 # ------------------------------------------------------------------------------------ layout

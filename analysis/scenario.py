@@ -97,8 +97,6 @@ def _engine_config(inst: InstanceSpec, model: ModelSpec, base: EngineConfig, lay
         cfg = replace(cfg, max_num_batched_tokens=model.max_position_embeddings)
     if inst.npu_mem.mem_util is not None:
         cfg = replace(cfg, gpu_memory_utilization=float(inst.npu_mem.mem_util))
-    if "dtype" in ov and ov["dtype"] != model.dtype:
-        model = replace(model, dtype=ov["dtype"])
     return replace(
         cfg,
         tensor_parallel_size=layout.tp,
@@ -152,7 +150,7 @@ def build_reference_cluster(
             if "dtype" in inst.overrides:
                 model = replace(model, dtype=inst.overrides["dtype"])
             placement: WeightPlacement | None = placement_for_instance(
-                inst.placement, cluster, node_id, model, tp=layout.tp, pp=layout.pp
+                inst.placement, cluster, node_id, model, tp=layout.tp
             )
             latency: Any = latency_for_instance(
                 profiles_root,

@@ -60,7 +60,6 @@ class Member:
     # P/D decode side: requests whose KV has arrived, waiting for a slot.
     arrived_kv: deque[Request] = field(default_factory=deque)
     num_steps: int = 0
-    busy_ns: int = 0
 
     @property
     def kv(self) -> KVCacheManager:
@@ -99,11 +98,6 @@ class EngineUnit:
         self.waiting_for: int | None = None
 
     # -- helpers ---------------------------------------------------------------------------
-    def has_work(self) -> bool:
-        return any(m.scheduler.has_requests() or m.arrived_kv for m in self.members) or bool(
-            self.inflight
-        )
-
     def _admit_arrived_kv(self, m: Member) -> None:
         """P/D decode side: start requests whose KV arrived, FIFO, while seats and blocks allow
         (the prompt's KV is external: no prefix lookup, no recompute)."""
@@ -198,7 +192,6 @@ class EngineUnit:
                     for m, s in zip(members, steps, strict=True):
                         if s.reqs:
                             m.num_steps += 1
-                            m.busy_ns += it
                     inflight.append((steps, start + it))
                     if len(inflight) < self.depth:
                         continue  # async/PP: schedule the next step while this one runs

@@ -228,10 +228,8 @@ class Scheduler:
                 continue
             if async_ and req.num_output_placeholders > 0:
                 req.num_output_placeholders -= 1
-            if req.status == RequestStatus.PREEMPTED and async_:
-                # The token was computed before the preemption took effect: keep it (vLLM
-                # appends outputs of preempted-but-unfinished requests).
-                pass
+            # A request preempted after this step was scheduled keeps its token, as vLLM
+            # appends the outputs of preempted-but-unfinished requests.
             req.num_tokens += 1
             req.token_times_ns.append(now_ns)
             if req.first_token_ns < 0:

@@ -86,7 +86,6 @@ def placement_for_instance(
     model: ModelSpec,
     *,
     tp: int = 1,
-    pp: int = 1,
 ) -> WeightPlacement | None:
     """Resolve a reference ``placement`` block (None when absent)."""
     if not placement:
@@ -135,7 +134,6 @@ def placement_for_instance(
                     f"use cxl:0..cxl:{mem.num_devices - 1}"
                 )
             devices[loc] = MemoryTier(TierKind.CXL, float(mem.mem_bw), float(mem.mem_latency))
-    del pp
     return WeightPlacement(tuple(segments), devices)
 
 

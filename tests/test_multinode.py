@@ -16,7 +16,6 @@ import contextlib
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from mlflow.tracking import MlflowClient
 from sweep.config_hash import HASH_KEY
 from sweep.recorder import RESULTS_FILE, read_results_table
 from sweep.resume import finished_counts
+from tests.store_helpers import finished_points
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [
@@ -102,20 +102,6 @@ def alive_nodes(address: str) -> int:
     out = subprocess.run([sys.executable, "-c", code], env=ray_env(), capture_output=True,
                          text=True, timeout=60)
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
-
-
-def finished_points(db: Path) -> int:
-    """Finished point runs in the store, read with plain read-only sqlite: an MLflow client
-    here would race the driver's creation of the schema."""
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-            return con.execute(
-                "SELECT COUNT(*) FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
-                "WHERE r.status = 'FINISHED' AND t.key = 'config_hash'").fetchone()[0]
-    except sqlite3.OperationalError:  # the schema is still being created
-        return 0
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from sweep.app import task
 from sweep.config_hash import HASH_KEY, point_hash
 from sweep.recorder import RESULTS_FILE, read_results_table, task_config
 from sweep.resume import finished_counts
+from tests.store_helpers import finished_points
 
 ray = pytest.importorskip("ray")
 
@@ -178,20 +178,6 @@ def test_rerun_skips_finished_points_and_runs_the_rest(tmp_path, store):
     again = table(tmp_path / "third")
     assert again["resumed_from"].isna().all() if "resumed_from" in again else True
     assert finished_counts(client, exp)[again.loc[0, HASH_KEY]] == 2
-
-
-def finished_points(db: Path) -> int:
-    """Finished point runs in the store, read with plain read-only sqlite: an MLflow client
-    here would race the driver's creation of the schema."""
-    if not db.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5) as con:
-            return con.execute(
-                "SELECT COUNT(*) FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
-                "WHERE r.status = 'FINISHED' AND t.key = 'config_hash'").fetchone()[0]
-    except sqlite3.OperationalError:  # the schema is still being created
-        return 0
 
 
 def _env() -> dict[str, str]:

@@ -288,3 +288,13 @@ def test_streams_independent():
     assert [r.output_len for r in a] == [r.output_len for r in b]
     assert [r.arrival_ns for r in a] == [r.arrival_ns for r in b]
     assert [r.prompt_len for r in a] != [r.prompt_len for r in b]
+
+
+def test_absurd_token_count_is_refused_before_allocating(tmp_path):
+    from workloads import read_jsonl
+    from workloads.errors import WorkloadError
+
+    path = tmp_path / "w.jsonl"
+    path.write_text('{"input_toks": 1000000000000, "output_toks": 2, "arrival_time_ns": 0}\n')
+    with pytest.raises(WorkloadError, match=r"w.jsonl:1: field 'input_toks' is 1000000000000"):
+        read_jsonl(path)

@@ -30,13 +30,18 @@ from workloads.errors import WorkloadError
 # Placeholder prompt ids start here: far above any real vocabulary, so they never collide
 # with a tokenizer's ids either.
 PLACEHOLDER_ID_BASE = 1 << 40
+# No model has a context anywhere near this; a larger count is a damaged line (and would make
+# the reader allocate placeholder ids until memory runs out).
+MAX_TOKENS_PER_FIELD = 10_000_000
 
 
 def _fail(path: Path, lineno: int, field: str, problem: str, fix: str) -> WorkloadError:
     return WorkloadError(f"{path}:{lineno}: field '{field}' {problem}; {fix}")
 
 
-def _count(obj: dict[str, Any], key: str, path: Path, lineno: int, minimum: int) -> int:
+def _count(
+    obj: dict[str, Any], key: str, path: Path, lineno: int, minimum: int, maximum: int | None = None
+) -> int:
     if key not in obj:
         raise _fail(path, lineno, key, "is missing", f'add "{key}": <int >= {minimum}>')
     value = obj[key]
@@ -46,6 +51,11 @@ def _count(obj: dict[str, Any], key: str, path: Path, lineno: int, minimum: int)
         raise _fail(path, lineno, key, f"must be an integer, got {value!r}", "write a plain int")
     if value < minimum:
         raise _fail(path, lineno, key, f"must be >= {minimum}, got {value}", "fix the value")
+    if maximum is not None and value > maximum:
+        raise _fail(
+            path, lineno, key, f"is {value}, above {maximum}",
+            "fix the value (no model serves a request this long)",
+        )
     return value
 
 
@@ -111,8 +121,8 @@ def read_jsonl(
                 "marks an agentic session, which this reader does not support",
                 "flatten the session into independent request lines",
             )
-        n_in = _count(obj, "input_toks", p, lineno, 1)
-        n_out = _count(obj, "output_toks", p, lineno, 1)
+        n_in = _count(obj, "input_toks", p, lineno, 1, MAX_TOKENS_PER_FIELD)
+        n_out = _count(obj, "output_toks", p, lineno, 1, MAX_TOKENS_PER_FIELD)
         arrival = _count(obj, "arrival_time_ns", p, lineno, 0)
         prompt = _ids(obj, "input_tok_ids", n_in, "input_toks", p, lineno)
         if prompt is None:

@@ -12,6 +12,10 @@ successive output tokens, pooled over all requests (not per-request means). Each
 summarised by mean, median, p90, p95, p99 with ``np.percentile``'s default linear
 interpolation. Throughputs divide by the benchmark duration: from ``start_ns`` (default:
 the earliest arrival) to the last completion.
+
+``anchor`` names the column TTFT and E2EL are measured from: ``arrival_ns`` (default: the
+instant the request reaches the engine, what a client sees) or ``queued_ns`` (when the engine
+loop picked it up, vLLM's ``queued_ts``; what the vLLM ground truth records).
 """
 
 from __future__ import annotations
@@ -82,26 +86,34 @@ def _check_columns(df: pd.DataFrame) -> None:
         )
 
 
-def compute_metrics(requests_df: pd.DataFrame, start_ns: int | None = None) -> dict[str, float]:
+def compute_metrics(
+    requests_df: pd.DataFrame, start_ns: int | None = None, anchor: str = "arrival_ns"
+) -> dict[str, float]:
     """The metric dict (keys ``METRIC_KEYS``) for one run; see the module docstring.
 
     Raises ``ConfigError`` for missing columns or a completed request whose first token
-    precedes its arrival, whose finish precedes its first token, or whose output_len < 1.
+    precedes its anchor, whose finish precedes its first token, or whose output_len < 1.
     """
     _check_columns(requests_df)
+    if anchor not in requests_df.columns:
+        raise ConfigError(
+            f"anchor column {anchor!r} missing from the per-request table; "
+            "use 'arrival_ns' or a table that records it"
+        )
     first = pd.to_numeric(requests_df["first_token_ns"], errors="coerce")
     finish = pd.to_numeric(requests_df["finish_ns"], errors="coerce")
     done_mask = (first >= 0) & (finish >= 0)
     done = requests_df[done_mask.to_numpy()]
 
-    arrival = done["arrival_ns"].to_numpy(dtype=np.float64)
+    arrival = done[anchor].to_numpy(dtype=np.float64)
     first_t = first[done_mask].to_numpy(dtype=np.float64)
     finish_t = finish[done_mask].to_numpy(dtype=np.float64)
     out_len = done["output_len"].to_numpy(dtype=np.int64)
     prompt_len = done["prompt_len"].to_numpy(dtype=np.int64)
 
     for bad, what in (
-        (first_t < arrival, "first_token_ns < arrival_ns"),
+        (arrival < 0, f"{anchor} < 0 (never picked up)"),
+        (first_t < arrival, f"first_token_ns < {anchor}"),
         (finish_t < first_t, "finish_ns < first_token_ns"),
         (out_len < 1, "output_len < 1"),
     ):

@@ -5,9 +5,11 @@ and the ``config.json`` cluster file), prints a side-by-side table of the 15 val
 metrics (TTFT/TPOT/E2E latency x mean/median/P90/P95/P99; Diff% = (sim − vLLM)/vLLM·100)
 and writes a JSON report.
 
-Which instant each side measures from: vLLM's times are taken from the engine's receive
-time (``queued_ts``), the simulator's from the workload's nominal ``arrival_time_ns`` (the
-instant the simulated engine receives the request).
+Which instant each side measures from: the same one. vLLM's times are taken from
+``queued_ts``, which its engine core stamps when the busy loop drains the input queue — at a
+step boundary, up to a step after the request reached the process. The simulator's are taken
+from ``queued_ns``, the instant the simulated engine loop picked the request up (the first
+schedule at or after its arrival; the arrival itself when the engine was idle).
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def run_validation(
     result = simulate_cluster(
         build.instances, requests, kv_transfer_ns=build.kv_transfer_ns, dp_pad=build.dp_pad
     )
-    sim_metrics = compute_metrics(result.requests)
+    sim_metrics = compute_metrics(result.requests, anchor="queued_ns")
     wall_s = time.perf_counter() - t0
 
     kv_lines = []

@@ -64,6 +64,7 @@ class Request:
         "num_cached_tokens",
         "num_preemptions",
         "status",
+        "queued_ns",
         "first_scheduled_ns",
         "first_token_ns",
         "finish_ns",
@@ -95,6 +96,10 @@ class Request:
         self.num_cached_tokens = -1  # set once, on first admission (vLLM semantics)
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
+        # When the engine loop picked the request up (vLLM stamps EngineCoreEventType.QUEUED
+        # in Scheduler.add_request, called from the busy loop's input-queue drain, i.e. at a
+        # step boundary, not at network arrival); -1 until then.
+        self.queued_ns = -1
         self.first_scheduled_ns = -1
         self.first_token_ns = -1
         self.finish_ns = -1

@@ -64,6 +64,7 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         {
             "request_id": [r.request_id for r in requests],
             "arrival_ns": arrival,
+            "queued_ns": np.fromiter((r.queued_ns for r in requests), np.int64, len(requests)),
             "first_scheduled_ns": first_sched,
             "first_token_ns": np.fromiter((r.first_token_ns for r in requests), np.int64),
             "finish_ns": np.fromiter((r.finish_ns for r in requests), np.int64),

@@ -66,12 +66,16 @@ class Scheduler:
         self.async_scheduling = async_scheduling
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Added since the last schedule(): the engine loop has not picked them up yet.
+        self._unqueued: list[Request] = []
         self.num_preemptions = 0
         self.num_finished = 0
 
     # -- queue management ------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
+        if req.queued_ns < 0:
+            self._unqueued.append(req)
 
     def has_requests(self) -> bool:
         return bool(self.waiting or self.running)
@@ -89,6 +93,13 @@ class Scheduler:
 
     # -- schedule ------------------------------------------------------------------------
     def schedule(self, now_ns: int) -> ScheduledStep:
+        if self._unqueued:
+            # vLLM's engine core drains its input queue at the top of each busy-loop
+            # iteration, right before it schedules: that instant is the request's QUEUED
+            # timestamp (``queued_ts``), whether or not this step admits it.
+            for r in self._unqueued:
+                r.queued_ns = now_ns
+            self._unqueued.clear()
         kv = self.kv
         budget = self.token_budget
         thr = self.threshold

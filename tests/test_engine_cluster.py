@@ -140,3 +140,17 @@ def test_pipeline_parallel_keeps_several_batches_in_flight() -> None:
 def test_pp_without_stage_model_is_refused() -> None:
     with pytest.raises(ConfigError, match="stage_ns"):
         simulate_cluster([inst("a", config=replace(CFG, pipeline_parallel_size=2))], reqs(2))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_queued_time_is_the_engine_loops_pickup(async_scheduling: bool) -> None:
+    """vLLM stamps ``queued_ts`` when its busy loop drains the input queue, right before it
+    schedules: the arrival itself for an idle engine, else the end of the running step."""
+    cfg = replace(CFG, async_scheduling=async_scheduling, max_num_seqs=1)
+    w = [RequestSpec("a", 0, tuple(range(40)), 4), RequestSpec("b", 500_000, tuple(range(50, 90)), 4)]
+    res = simulate_cluster([inst("solo", config=cfg)], w).requests.set_index("request_id")
+    step0 = 1_000_000 + 10_000 * 40  # a's prefill occupies the engine until 1.4 ms
+    assert res.loc["a", "queued_ns"] == 0
+    assert res.loc["b", "queued_ns"] == step0
+    # picked up at once, admitted only when a's seat frees (max_num_seqs = 1)
+    assert res.loc["b", "first_scheduled_ns"] >= res.loc["a", "finish_ns"] > step0

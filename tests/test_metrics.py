@@ -195,3 +195,19 @@ def test_statistics_ordered_and_bounded(rows):
     assert m["e2el_ms_p99"] <= max(e2el) + 1e-9
     assert m["e2el_ms_mean"] >= m["ttft_ms_mean"] - 1e-9
     assert m["completed"] == len(rows)
+
+
+def test_anchor_column_measures_ttft_and_e2el_from_it():
+    df = _frame([("a", 0, 30 * MS, 100 * MS, 10, 8), ("b", 5 * MS, 50 * MS, 90 * MS, 10, 5)])
+    df["queued_ns"] = [10 * MS, 20 * MS]
+    by_arrival = compute_metrics(df)
+    by_queue = compute_metrics(df, anchor="queued_ns")
+    assert by_arrival["ttft_ms_mean"] == pytest.approx((30 + 45) / 2)
+    assert by_queue["ttft_ms_mean"] == pytest.approx((20 + 30) / 2)
+    assert by_queue["e2el_ms_mean"] == pytest.approx((90 + 70) / 2)
+    assert by_queue["tpot_ms_mean"] == by_arrival["tpot_ms_mean"]  # unaffected by the anchor
+    with pytest.raises(ConfigError, match="anchor column 'picked_ns'"):
+        compute_metrics(df, anchor="picked_ns")
+    df.loc[1, "queued_ns"] = -1
+    with pytest.raises(ConfigError, match="queued_ns < 0"):
+        compute_metrics(df, anchor="queued_ns")

@@ -47,6 +47,7 @@ def run_scenario(
         prefix_sharing=prefix_sharing,
         model_configs=model_configs,
         streamed_pd=reference_clock if streamed_pd is None else streamed_pd,
+        reference_dp=reference_clock,
     )
     requests = read_jsonl(workload, limit=num_reqs)
     result = simulate_cluster(
@@ -75,7 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--reference-clock",
         action="store_true",
         help="the reference simulator's semantics: synchronous steps, no host overhead, "
-        "streamed P/D KV",
+        "streamed P/D KV, DP rounds padded to the group's largest batch with MoE experts on "
+        "the member's own tokens",
     )
     p.add_argument("--model-configs", help="folder of HF model configs for models not in the catalog")
     p.add_argument("--output", help="per-request results (.csv or .parquet)")

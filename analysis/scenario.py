@@ -26,7 +26,9 @@ from engine.simulate import InstanceSpec as EngineInstance
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from profiles.catalog import list_hardware, load_hardware, load_model, model_from_hf_config
 from profiles.parallel import (
+    VllmDpPad,
     cluster_kv_transfer,
+    cudagraph_max_tokens,
     latency_for_instance,
     layout_for_instance,
     pad_dp_group,
@@ -115,12 +117,15 @@ def build_reference_cluster(
     model_configs: str | Path | None = None,
     models: dict[str, ModelSpec] | None = None,
     streamed_pd: bool = False,
+    reference_dp: bool = False,
 ) -> ClusterBuild:
     """Engine instances for a reference cluster config (see the module docstring).
 
     ``models`` maps model names to specs that take precedence over the catalog;
     ``model_configs`` is a folder of HF configs (``<org>/<name>.json``) for models the catalog
-    lacks."""
+    lacks. ``streamed_pd`` selects the reference's layer-streamed P/D hand-off;
+    ``reference_dp`` its DP rounds (every batch padded to the group's largest, MoE experts priced
+    on the member's own tokens) instead of vLLM's (:class:`profiles.parallel.VllmDpPad`)."""
     base = base or EngineConfig()
     storage = (prefix_storage or "none").lower()
     if storage not in ("none", "cpu", "cxl"):
@@ -214,7 +219,8 @@ def build_reference_cluster(
     return ClusterBuild(
         instances=out,
         kv_transfer_ns=cluster_kv_transfer(streamed=streamed_pd),
-        dp_pad=pad_dp_group,
+        dp_pad=pad_dp_group if reference_dp else VllmDpPad(
+            cudagraph_max_tokens(base.max_num_seqs, base.max_num_batched_tokens)),
         pools=pools,
         notes=notes,
     )

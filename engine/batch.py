@@ -21,6 +21,9 @@ class BatchShape(NamedTuple):
     decode_kv_sum: int  # sum over decodes of tokens computed before this step
     decode_kv_min: int  # 0 when num_decode == 0
     decode_kv_max: int  # 0 when num_decode == 0
+    # Tokens this rank's MoE experts process, when not total_tokens: under DP with EP across
+    # the group, vLLM all-gathers every member's batch before the experts run. 0 = total_tokens.
+    moe_tokens: int = 0
 
 
 class LatencyModel(Protocol):

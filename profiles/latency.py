@@ -12,8 +12,8 @@ with T = total scheduled tokens and S = number of sequences. Every row is a tabl
 - attention: 4-D lookup over (prefill_chunk, kv_prefill, n_decode, kv_decode) with linear
   blending on every axis, ragged rows, and the skew correction
   ``t_mean + alpha * (t_max - t_mean)`` (see :meth:`ProfiledLatencyModel.attention_ns`);
-- MoE: BALANCED expert routing over ``ep`` ranks, then a lookup over (tokens per rank,
-  activated experts per rank) in the ``tp1`` table;
+- MoE: BALANCED expert routing of ``shape.moe_tokens`` (default: T) over ``ep`` ranks, then a
+  lookup over (tokens per rank, activated experts per rank) in the ``tp1`` table;
 - rows marked ``tp_invariant`` in the architecture file come from the ``tp1`` table.
 
 The host I/O term reproduces the reference's load of the step's token ids from host memory:
@@ -338,6 +338,7 @@ class ProfiledLatencyModel:
         self._tok_groups = self._group_rows("dense")
         self._seq_groups = self._group_rows("per_sequence")
         self._tok_cache: dict[int, int] = {}
+        self._moe_cache: dict[int, int] = {}
         self._seq_cache: dict[int, int] = {}
         self._cache: dict[BatchShape, int] = {}
         self._stage_cache: dict[BatchShape, int] = {}
@@ -373,12 +374,10 @@ class ProfiledLatencyModel:
         return total
 
     def _token_part(self, tokens: int) -> int:
-        """All rows keyed on total tokens (dense rows and the MoE block), whole step."""
+        """All dense rows keyed on total tokens, whole step."""
         v = self._tok_cache.get(tokens)
         if v is None:
             v = self._price_groups(self._tok_groups, max(tokens, 1))
-            if self._moe is not None:
-                v += self.model.num_layers * self._moe_for_tokens(tokens)
             if len(self._tok_cache) >= _MAX_CACHE:
                 self._tok_cache.clear()
             self._tok_cache[tokens] = v
@@ -453,17 +452,22 @@ class ProfiledLatencyModel:
         return entry.table.get(key, entry.alpha_default)
 
     def moe_ns(self, shape: BatchShape) -> int:
-        """MoE block of one layer on this GPU's EP rank (0 for dense models or no routed tokens)."""
+        """MoE block of one layer on this GPU's EP rank (0 for dense models or no routed tokens),
+        for the ``moe_tokens`` the experts see (``total_tokens`` unless set)."""
         if self._moe is None:
             return 0
-        return self._moe_for_tokens(shape.total_tokens)
+        return self._moe_for_tokens(shape.moe_tokens or shape.total_tokens)
 
     def _moe_for_tokens(self, total_tokens: int) -> int:
-        tokens, activated = balanced_routing(total_tokens, self.model.num_experts,
-                                             self.model.num_experts_per_tok, self.ep)
-        if tokens <= 0:
-            return 0
-        return moe_lookup_ns(self._moe, tokens, max(activated, 1))
+        v = self._moe_cache.get(total_tokens)
+        if v is None:
+            tokens, activated = balanced_routing(total_tokens, self.model.num_experts,
+                                                 self.model.num_experts_per_tok, self.ep)
+            v = 0 if tokens <= 0 else moe_lookup_ns(self._moe, tokens, max(activated, 1))
+            if len(self._moe_cache) >= _MAX_CACHE:
+                self._moe_cache.clear()
+            self._moe_cache[total_tokens] = v
+        return v
 
     def host_io_ns(self, shape: BatchShape) -> int:
         """Host-memory load of the step's token ids (0 when disabled; see module docstring)."""
@@ -486,7 +490,8 @@ class ProfiledLatencyModel:
 
     def _compute(self, shape: BatchShape) -> int:
         return (self._token_part(shape.total_tokens) + self._seq_part(shape.num_seqs)
-                + self.model.num_layers * self.attention_ns(shape) + self.host_io_ns(shape))
+                + self.model.num_layers * (self.attention_ns(shape) + self.moe_ns(shape))
+                + self.host_io_ns(shape))
 
     def breakdown(self, shape: BatchShape) -> dict[str, int]:
         """Nanoseconds per row name over the whole step (all layers), plus ``host_io``.
@@ -553,10 +558,11 @@ class ProfiledLatencyModel:
         return len(self._cache)
 
     def clear_cache(self) -> None:
-        """Forget every memoised value (shapes, per-token / per-sequence parts, attention)."""
+        """Forget every memoised value (shapes, per-token / MoE / per-sequence parts, attention)."""
         self._cache.clear()
         self._stage_cache.clear()
         self._tok_cache.clear()
+        self._moe_cache.clear()
         self._seq_cache.clear()
         self._attention._memo.clear()
 

@@ -225,6 +225,50 @@ def pad_dp_group(shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
             s._replace(total_tokens=m, num_seqs=s.num_seqs + m - s.total_tokens) for s in real]
 
 
+def cudagraph_max_tokens(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """vLLM 0.19's default largest CUDA-graph batch: ``min(2*max_num_seqs, 512,
+    max_num_batched_tokens)`` tokens (``VllmConfig`` capture sizes, no speculative decoding)."""
+    return max(1, min(2 * max_num_seqs, 512, max_num_batched_tokens))
+
+
+class VllmDpPad:
+    """How vLLM 0.19 lines up the batches of a DP group for one lock-step round.
+
+    An idle member runs a dummy batch of one token (``execute_dummy_batch``). Every member then
+    takes part in ``coordinate_batch_across_dp``: the batches are padded to the group's largest
+    token count only when every member's batch runs as a CUDA graph (at most ``cudagraph_max``
+    tokens, see :func:`cudagraph_max_tokens`); otherwise each member runs its own size
+    (``vllm/v1/worker/dp_utils.py``: DP padding follows the synced CUDA-graph mode). The pad is
+    dummy decodes, as in :func:`pad_dp_group`. Every batch carries the group's token sum as
+    ``moe_tokens``: when EP spans the DP group, vLLM's default ``allgather_reducescatter``
+    dispatch all-gathers the batches before the experts run, so each member's experts see all
+    of them (:class:`ParallelLatencyModel` ignores it for layouts whose EP stays inside the
+    instance, and for dense models). The finer padding to each member's CUDA-graph bucket (125 -> 128 tokens) is not
+    modelled.
+    """
+
+    def __init__(self, cudagraph_max: int) -> None:
+        if cudagraph_max < 0:
+            raise ConfigError(f"cudagraph_max = {cudagraph_max}: must be >= 0 (0: no CUDA graphs)")
+        self.cudagraph_max = cudagraph_max
+
+    def __call__(self, shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
+        if not shapes:
+            raise ConfigError("VllmDpPad: empty group; pass one entry (or None) per DP member")
+        if all(s is None for s in shapes):
+            return []
+        real = [dummy_batch() if s is None else s for s in shapes]
+        m = max(s.total_tokens for s in real)
+        if m <= self.cudagraph_max:
+            real = [s if s.total_tokens == m else
+                    s._replace(total_tokens=m, num_seqs=s.num_seqs + m - s.total_tokens)
+                    for s in real]
+        if len(real) > 1:
+            g = sum(s.total_tokens for s in real)
+            real = [s._replace(moe_tokens=g) for s in real]
+        return real
+
+
 # ------------------------------------------------------------------------------------ the model
 
 
@@ -285,6 +329,8 @@ class ParallelLatencyModel:
         if layout.tp == 1:
             self._n_ar = 0
         self._has_ep = model.is_moe and layout.ep > 1
+        # A DP member's experts see the group's gathered tokens only when EP spans the group.
+        self._gathers = model.is_moe and layout.ep_spans_group
         if layout.pp > 1 and not self._can_split():
             raise ConfigError(
                 f"pp = {layout.pp}: the compute model {type(compute).__name__} has no per-row "
@@ -363,6 +409,7 @@ class ParallelLatencyModel:
     def stage_times(self, shape: BatchShape) -> tuple[int, ...]:
         """Per stage: its compute, its collectives, its outgoing send (non-last stages) and, on
         stage 0, the host input load. They sum to :meth:`iteration_ns`."""
+        shape = self._own(shape)
         if self.layout.pp == 1:
             return (self.iteration_ns(shape),)
         v = self._stage_cache.get(shape)
@@ -400,6 +447,7 @@ class ParallelLatencyModel:
 
     def iteration_ns(self, shape: BatchShape) -> int:
         """Latency a request sees for one step: through every stage (memoised on the shape)."""
+        shape = self._own(shape)
         v = self._cache.get(shape)
         if v is None:
             if self.layout.pp == 1:
@@ -413,6 +461,12 @@ class ParallelLatencyModel:
             self._cache[shape] = v
         return v
 
+    def _own(self, shape: BatchShape) -> BatchShape:
+        """Drop the group's gathered MoE token count where this layout's experts don't see it."""
+        if shape.moe_tokens and not self._gathers:
+            return shape._replace(moe_tokens=0)
+        return shape
+
     def stage_ns(self, shape: BatchShape) -> int:
         """How long the busiest stage is occupied by this step (== iteration_ns when pp == 1)."""
         if self.layout.pp == 1:
@@ -422,6 +476,7 @@ class ParallelLatencyModel:
     def breakdown(self, shape: BatchShape) -> dict[str, int]:
         """Compute rows (all stages, whole step) plus ``tp_allreduce``, ``ep_collectives``,
         ``pp_send`` and ``host_io``; the values sum to :meth:`iteration_ns`."""
+        shape = self._own(shape)
         if not callable(getattr(self.compute, "breakdown", None)):
             raise ConfigError(f"{type(self.compute).__name__} has no breakdown(); use a "
                               "ProfiledLatencyModel as the compute model")
@@ -459,6 +514,7 @@ class ParallelLatencyModel:
         """
         if not shapes:
             raise ConfigError("dp_member_ns: no member shapes; pass one padded shape per member")
+        shapes = [self._own(s) for s in shapes]
         if not self.layout.ep_spans_group or self.layout.pp > 1 or len(shapes) == 1:
             return [self.iteration_ns(s) for s in shapes]
         T = {s.total_tokens for s in shapes}

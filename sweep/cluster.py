@@ -5,7 +5,9 @@ Shape of one point (all counts per point):
 - ``num_instances`` serving replicas behind the router (``cluster.router``);
 - each replica is one vLLM engine with ``tensor_parallel_size`` × ``pipeline_parallel_size``
   GPUs, or, with ``data_parallel_size`` = D > 1, D DP ranks of that size. For a MoE model the
-  D ranks form one lock-step DP group (vLLM runs dummy batches on idle ranks); for a dense
+  D ranks form one lock-step DP group (vLLM runs dummy batches on idle ranks, pads the
+  batches to the group's largest when all run as CUDA graphs, and with EP each rank's experts
+  process every rank's tokens; ``profiles.parallel.VllmDpPad``); for a dense
   model vLLM's DP ranks are independent engines, so they are D more replicas;
 - ``expert_parallel_size``: 1 (no EP) or tp × D, vLLM's ``enable_expert_parallel`` degree;
 - ``pd_disaggregation``: the first ``num_prefill_instances`` replicas are prefill instances,
@@ -29,7 +31,12 @@ from engine.memory import kv_capacity
 from engine.simulate import InstanceSpec
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from profiles.bundle import ProfileBundle
-from profiles.parallel import cluster_kv_transfer, latency_for_instance, pad_dp_group
+from profiles.parallel import (
+    VllmDpPad,
+    cluster_kv_transfer,
+    cudagraph_max_tokens,
+    latency_for_instance,
+)
 
 # Host DRAM and CXL defaults for the prefix tiers (GiB, GB/s, ns): a typical 2-socket server
 # and one CXL 2.0 memory expander.
@@ -208,6 +215,7 @@ def build_point_cluster(
         instances=instances,
         router=str(cl.router),
         kv_transfer_ns=cluster_kv_transfer() if cl.pd_disaggregation else None,
-        dp_pad=pad_dp_group if lockstep else None,
+        dp_pad=VllmDpPad(cudagraph_max_tokens(config.max_num_seqs, config.max_num_batched_tokens))
+        if lockstep else None,
         num_gpus=gpus_per_point(cl),
     )

@@ -11,7 +11,9 @@ from profiles.architecture import load_architecture
 from profiles.parallel import (
     ParallelLatencyModel,
     ParallelLayout,
+    VllmDpPad,
     build_network,
+    cudagraph_max_tokens,
     dummy_batch,
     pad_dp_group,
 )
@@ -43,7 +45,7 @@ class FakeCompute:
             if name == "attention":
                 out[name] = L * (10 * s.num_decode + s.prefill_tokens + 1)
             elif name == "moe":
-                out[name] = L * 50 * T
+                out[name] = L * 50 * max(s.moe_tokens or s.total_tokens, 1)
             else:
                 out[name] = out.get(name, 0) + L * self.row * T
         out["embedding"] = 7 * T
@@ -143,6 +145,55 @@ def test_pad_dp_group_idle_and_empty() -> None:
     assert pad_dp_group([None, decode(1)]) == [dummy_batch(), decode(1)]
     with pytest.raises(ConfigError, match="pad_dp_group"):
         pad_dp_group([])
+
+
+def test_cudagraph_max_tokens_is_vllm_default() -> None:
+    assert cudagraph_max_tokens(128, 2048) == 256
+    assert cudagraph_max_tokens(512, 8192) == 512
+    assert cudagraph_max_tokens(128, 100) == 100
+
+
+def test_vllm_dp_pad_pads_only_when_every_batch_is_a_cuda_graph() -> None:
+    pad = VllmDpPad(256)
+    a, b = decode(100), decode(30)
+    pa, pb = pad([a, b])
+    assert pa == a._replace(moe_tokens=200)
+    assert pb == b._replace(total_tokens=100, num_seqs=100, moe_tokens=200)
+    assert (pb.num_decode, pb.decode_kv_sum) == (30, 3000)  # attention sees the real decodes
+    big = BatchShape(2048, 1, 2048, 0, 0, 0, 0, 0)  # eager in vLLM: no DP padding at all
+    pbig, pb = pad([big, b])
+    assert pbig == big._replace(moe_tokens=2078)
+    assert pb == b._replace(moe_tokens=2078)
+    # an idle member runs vLLM's one-token dummy batch, then pads like any member
+    assert pad([None, b]) == [dummy_batch()._replace(total_tokens=30, num_seqs=30, moe_tokens=60),
+                              b._replace(moe_tokens=60)]
+
+
+def test_vllm_dp_pad_idle_empty_and_bad_limit() -> None:
+    pad = VllmDpPad(256)
+    assert pad([None, None]) == []
+    assert pad([decode(3)]) == [decode(3)]  # a group of one gathers nothing
+    with pytest.raises(ConfigError, match="empty group"):
+        pad([])
+    with pytest.raises(ConfigError, match="cudagraph_max"):
+        VllmDpPad(-1)
+    assert VllmDpPad(0)([decode(3), decode(1)])[1] == decode(1)._replace(moe_tokens=4)
+
+
+def test_gathered_moe_tokens_priced_only_when_ep_spans_the_group() -> None:
+    s = decode(40)
+    g = s._replace(moe_tokens=80)
+    L = MOE.num_layers
+    spans = parallel(MOE, ParallelLayout(tp=1, ep=2, dp=2))
+    assert spans.iteration_ns(g) - spans.iteration_ns(s) == L * 50 * 40
+    assert spans.breakdown(g)["moe"] == L * 50 * 80
+    inside = parallel(MOE, ParallelLayout(tp=2, ep=2, dp=2))  # EP stays inside each instance
+    assert inside.iteration_ns(g) == inside.iteration_ns(s)
+    dense = parallel(DENSE, ParallelLayout(tp=2, dp=2))
+    assert dense.iteration_ns(g) == dense.iteration_ns(s)
+    # the EP-coupled member times see the gathered tokens too
+    a, b = spans.dp_member_ns([g, g])
+    assert a == b == spans.iteration_ns(g)
 
 
 # ------------------------------------------------------------------------------------ composition

@@ -103,6 +103,22 @@ def test_qwen32b_validate_cli_default_engine(shared_data: Path, tmp_path: Path) 
     assert r["engine_config"]["tensor_parallel_size"] == 2
     assert r["prefix_hit_tokens"] == 20448  # the reference simulator's count
     assert r["kv_cache"]["num_blocks"] == 28614
-    # measured 1.75 / 2.72 (sim uniformly ~1.3 % slow, as the TP1 run at saturation)
-    assert r["mean_abs_diff_pct"] <= 2.0
-    assert r["max_abs_diff_pct"] <= 3.0
+    # measured 0.98 / 1.45 (issue 4 target: mean <= 1.0)
+    assert r["mean_abs_diff_pct"] <= 1.0
+    assert r["max_abs_diff_pct"] <= 2.0
+
+
+def test_qwen30b_dp2_ep2_validate_within_targets(shared_data: Path) -> None:
+    """The MoE DP2 x EP2 run: vLLM's DP rounds (padding only for CUDA-graph batches, experts
+    on the all-gathered tokens) and TTFT from the engine's pickup, as vLLM's ``queued_ts``."""
+    import analysis.validate as V
+
+    d = shared_data / "llmservingsim"
+    run = V.run_validation(d / "groundtruth" / "RTXPRO6000" / "Qwen3-30B-A3B-Instruct-2507",
+                           d / "workloads" / "sharegpt-qwen3-30b-a3b-300-sps10.jsonl",
+                           d / "profiles")
+    r = run.report
+    # measured 2.19 / 7.88 (issue 4 targets: mean <= 3.0, no metric beyond +-10 %)
+    assert r["mean_abs_diff_pct"] <= 3.0, run.table_text
+    assert r["max_abs_diff_pct"] <= 10.0, run.table_text
+    assert r["kv_cache"]["num_blocks"] == 38590

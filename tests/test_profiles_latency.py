@@ -297,6 +297,19 @@ def test_moe_rows(tmp_path: Path) -> None:
     assert m1.moe_ns(shape(decodes=[16])) == ns(20 + 1 + 10)
 
 
+def test_moe_rows_price_the_gathered_tokens(tmp_path: Path) -> None:
+    """``moe_tokens`` (a DP group's all-gathered batch) replaces T for the experts only."""
+    m = make_model(tmp_path, TINY_MOE, ep=2)
+    s = shape([(4, 0)])
+    g = s._replace(moe_tokens=8)
+    assert m.moe_ns(g) == ns(20 + 6 + 5 * 2)  # 8 tokens routed: 6 reach this rank, 2 experts
+    assert m.iteration_ns(g) - m.iteration_ns(s) == 3 * (m.moe_ns(g) - m.moe_ns(s))
+    assert sum(m.breakdown(g).values()) == m.iteration_ns(g)
+    bd_s, bd_g = m.breakdown(s), m.breakdown(g)
+    assert {k: v for k, v in bd_g.items() if k != "moe"} == {
+        k: v for k, v in bd_s.items() if k != "moe"}  # dense rows keep the rank's own T
+
+
 def test_moe_model_needs_moe_table(tmp_path: Path) -> None:
     vdir = write_bundle(tmp_path)
     with pytest.raises(BundleError, match=r"moe\.csv missing"):

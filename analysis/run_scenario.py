@@ -35,6 +35,7 @@ def run_scenario(
     reference_clock: bool = False,
     streamed_pd: bool | None = None,
     model_configs: str | Path | None = None,
+    roofline_fallback: bool = True,
 ) -> tuple[SimulationResult, list[str]]:
     base = EngineConfig()
     if reference_clock:
@@ -48,6 +49,7 @@ def run_scenario(
         model_configs=model_configs,
         streamed_pd=reference_clock if streamed_pd is None else streamed_pd,
         reference_dp=reference_clock,
+        roofline_fallback=roofline_fallback,
     )
     requests = read_jsonl(workload, limit=num_reqs)
     result = simulate_cluster(
@@ -79,6 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "streamed P/D KV, DP rounds padded to the group's largest batch with MoE experts on "
         "the member's own tokens",
     )
+    p.add_argument(
+        "--no-roofline-fallback",
+        action="store_true",
+        help="fail when an instance's hardware/model has no measured bundle instead of pricing "
+        "it with a generated roofline bundle",
+    )
     p.add_argument("--model-configs", help="folder of HF model configs for models not in the catalog")
     p.add_argument("--output", help="per-request results (.csv or .parquet)")
 
@@ -94,6 +102,7 @@ def main(args: argparse.Namespace) -> int:
         prefix_sharing=args.prefix_sharing,
         reference_clock=args.reference_clock,
         model_configs=args.model_configs,
+        roofline_fallback=not args.no_roofline_fallback,
     )
     for note in notes:
         print(f"note: {note}")

@@ -7,6 +7,10 @@ catalog (memory size and bandwidth from the config), a communication-aware laten
 instance (``profiles.parallel``), the P/D KV hand-off, DP padding, and the prefix-cache tier below
 the NPU (``prefix_storage`` CPU or CXL, private or shared as ``--enable-prefix-sharing``).
 
+An instance whose (hardware, model) has no measured bundle under the profiles root is priced with
+a generated roofline bundle (``profiles.roofline``) when the hardware is in our catalog, and the
+run's notes say so (``roofline_fallback=False`` makes the missing bundle an error instead).
+
 Deliberate differences from the reference (docs/validation.md): a lower-tier recall is priced at
 the tier's own bandwidth (the reference bills CPU bandwidth even for CXL); weights placed on CXL
 or host memory stream from there every step (``profiles.placement``).
@@ -24,6 +28,7 @@ from engine.kv_tiers import KVTierPool, SharedTierPools, chunk_tokens_for
 from engine.memory import kv_capacity
 from engine.simulate import InstanceSpec as EngineInstance
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
+from profiles.bundle import BundleError, ProfileBundle, load_bundle, variant_name
 from profiles.catalog import list_hardware, load_hardware, load_model, model_from_hf_config
 from profiles.parallel import (
     VllmDpPad,
@@ -34,6 +39,7 @@ from profiles.parallel import (
     pad_dp_group,
 )
 from profiles.placement import WeightPlacement, placement_for_instance
+from profiles.roofline import ensure_bundle
 
 UNLIMITED = 1 << 30  # the reference maps 0 to "no limit" for max_num_seqs / batched tokens
 
@@ -78,10 +84,36 @@ def _model(name: str, model_configs: Path | None, models: dict[str, ModelSpec]) 
 
 def _hardware(inst: InstanceSpec) -> HardwareSpec:
     mem = inst.npu_mem
-    if inst.hardware in list_hardware():
-        hw = load_hardware(inst.hardware)
-        return replace(hw, name=inst.hardware, mem_gib=float(mem.mem_size), hbm_bw_gbs=float(mem.mem_bw))
-    return HardwareSpec(inst.hardware, float(mem.mem_size), float(mem.mem_bw), 0.0, 0.0)
+    try:
+        hw = load_hardware(inst.hardware)  # names and aliases (H100 -> H100-SXM)
+    except ConfigError:
+        return HardwareSpec(inst.hardware, float(mem.mem_size), float(mem.mem_bw), 0.0, 0.0)
+    return replace(hw, name=inst.hardware, mem_gib=float(mem.mem_size), hbm_bw_gbs=float(mem.mem_bw))
+
+
+def _bundle_for(
+    root: str | Path, hw: HardwareSpec, model: ModelSpec, tp: int, kv_cache_dtype: str,
+    roofline_fallback: bool,
+) -> tuple[ProfileBundle, str | None]:
+    """The measured bundle under ``root``, else (fallback on, hardware with peak figures in the
+    catalog) a roofline bundle, with a note saying which was used."""
+    variant = variant_name(model.dtype, kv_cache_dtype)
+    try:
+        return load_bundle(root, hw.name, model.name, variant), None
+    except BundleError as exc:
+        measured_missing = not (Path(root) / hw.name / model.name / variant).is_dir()
+        if not (roofline_fallback and measured_missing):
+            raise
+        if hw.peak_bf16_tflops <= 0:
+            raise BundleError(
+                f"{exc} No roofline fallback either: hardware {hw.name!r} is not in the catalog "
+                f"({', '.join(list_hardware())}); add a profiles/hardware/<name>.yaml entry"
+            ) from exc
+    vdir = ensure_bundle(hw, model, tp, variant=variant)
+    return load_bundle(vdir), (
+        f"no measured bundle for {hw.name}/{model.name}/{variant} under {root}; priced with a "
+        f"generated roofline bundle ({vdir}; error vs measured bundles: docs/roofline.md)"
+    )
 
 
 def _engine_config(inst: InstanceSpec, model: ModelSpec, base: EngineConfig, layout: Any) -> EngineConfig:
@@ -118,6 +150,7 @@ def build_reference_cluster(
     models: dict[str, ModelSpec] | None = None,
     streamed_pd: bool = False,
     reference_dp: bool = False,
+    roofline_fallback: bool = True,
 ) -> ClusterBuild:
     """Engine instances for a reference cluster config (see the module docstring).
 
@@ -125,7 +158,8 @@ def build_reference_cluster(
     ``model_configs`` is a folder of HF configs (``<org>/<name>.json``) for models the catalog
     lacks. ``streamed_pd`` selects the reference's layer-streamed P/D hand-off;
     ``reference_dp`` its DP rounds (every batch padded to the group's largest, MoE experts priced
-    on the member's own tokens) instead of vLLM's (:class:`profiles.parallel.VllmDpPad`)."""
+    on the member's own tokens) instead of vLLM's (:class:`profiles.parallel.VllmDpPad`);
+    ``roofline_fallback`` a generated bundle where no measured one exists (see module docstring)."""
     base = base or EngineConfig()
     storage = (prefix_storage or "none").lower()
     if storage not in ("none", "cpu", "cxl"):
@@ -157,8 +191,12 @@ def build_reference_cluster(
             placement: WeightPlacement | None = placement_for_instance(
                 inst.placement, cluster, node_id, model, tp=layout.tp
             )
+            bundle, note = _bundle_for(profiles_root, hw, model, layout.tp, cfg.kv_cache_dtype,
+                                       roofline_fallback)
+            if note:
+                notes.append(f"{name}: {note}")
             latency: Any = latency_for_instance(
-                profiles_root,
+                bundle,
                 model,
                 tp=layout.tp,
                 pp=layout.pp,

@@ -119,6 +119,7 @@ def run_validation(
         base=config,
         models=models,
         model_configs=configs if configs.is_dir() else None,
+        roofline_fallback=False,  # validate the profiles given, never a generated stand-in
     )
     _check_parallelism(gt, settings, build)
     limit = gt.meta.get("num_requests")

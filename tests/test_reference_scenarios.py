@@ -76,7 +76,34 @@ def test_missing_bundle_names_the_directory(shared_data: Path) -> None:
             d / "workloads" / "example_trace.jsonl",
             d / "profiles",
             num_reqs=2,
+            roofline_fallback=False,
         )
+
+
+def test_missing_bundle_falls_back_to_a_roofline_bundle(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H100 scenario has no measured bundle: it runs on a generated one, and says so."""
+    monkeypatch.setenv("SERVESWEEP_CACHE", str(tmp_path))
+    d = shared_data / "llmservingsim"
+    res, notes = run_scenario(
+        d / "configs" / "cluster" / "single_node_single_instance_H100.json",
+        d / "workloads" / "example_trace.jsonl",
+        d / "profiles",
+        num_reqs=4,
+    )
+    assert len(res.requests) == 4 and (res.requests.finish_ns > 0).all()
+    assert any("roofline bundle" in n and "H100/meta-llama/Llama-3.1-70B/bf16" in n for n in notes)
+    assert any(tmp_path.rglob("tp4/dense.csv"))  # generated into the cache, TP4 tables
+
+
+def test_unknown_hardware_without_bundle_is_one_clear_error(shared_data: Path, tmp_path: Path) -> None:
+    src = shared_data / "llmservingsim" / "configs" / "cluster" / "single_node_single_instance_H100.json"
+    cfg = tmp_path / "tpu.json"
+    cfg.write_text(src.read_text().replace('"H100"', '"MysteryNPU"'))
+    with pytest.raises(ConfigError, match="'MysteryNPU' is not in the catalog"):
+        run_scenario(cfg, shared_data / "llmservingsim" / "workloads" / "example_trace.jsonl",
+                     shared_data / "llmservingsim" / "profiles", num_reqs=2)
 
 
 def test_moe_dp_ep_validation_beats_the_reference(shared_data: Path) -> None:

@@ -158,17 +158,23 @@ def simulate_cluster(
                     a.pipeline_parallel_size,
                     a.expert_parallel_size,
                     a.async_scheduling,
+                    a.max_num_seqs,
+                    a.max_num_batched_tokens,
                     o.role,
                 ) != (
                     b.tensor_parallel_size,
                     b.pipeline_parallel_size,
                     b.expert_parallel_size,
                     b.async_scheduling,
+                    b.max_num_seqs,
+                    b.max_num_batched_tokens,
                     ref.role,
                 ):
+                    # vLLM's DP ranks share one engine config (and one CUDA-graph size limit).
                     raise ConfigError(
                         f"dp_group {s.dp_group!r}: members must agree on tensor/pipeline/expert "
-                        f"parallel sizes, role and async_scheduling ({ref.name!r} vs {o.name!r})"
+                        "parallel sizes, max_num_seqs, max_num_batched_tokens, role and "
+                        f"async_scheduling ({ref.name!r} vs {o.name!r})"
                     )
             units.append(
                 EngineUnit(

@@ -123,6 +123,13 @@ def test_dp_group_steps_in_lock_step() -> None:
     assert (res.requests.output_len == 20).all()
 
 
+def test_dp_group_members_must_share_the_engine_config() -> None:
+    other = replace(CFG, max_num_seqs=CFG.max_num_seqs // 2)
+    with pytest.raises(ConfigError, match="dp_group 'A': members must agree.*max_num_seqs"):
+        simulate_cluster([inst("dp0", dp_group="A"), inst("dp1", dp_group="A", config=other)],
+                         reqs(2))
+
+
 def test_pipeline_parallel_keeps_several_batches_in_flight() -> None:
     # A small token budget spreads the requests over several batches (vLLM V1 never puts a
     # request in two in-flight batches), which the pipeline then overlaps.

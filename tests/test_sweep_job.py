@@ -76,8 +76,9 @@ def test_run_point_returns_plain_metrics_series_and_requests(small_cfg, small_re
 
 
 def test_caches_stay_warm_across_points(small_cfg, small_result):
-    # Warm the bundle cache here: other tests may have pushed the fixture's bundle out of
-    # the LRU since it ran.
+    # Start from cold point caches so the first point really loads (and warms) the bundle:
+    # other tests may have cached this point's cluster and pushed its bundle out of the LRU.
+    job.point_cluster.cache_clear()
     job.run_point(OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.7}}))
     before = job.profile_bundle.cache_info()
     other = OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.5}})

@@ -43,6 +43,24 @@ class SchedConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
 
+    def new_kv(self) -> KVCacheManager:
+        """Our KV cache manager with these settings."""
+        return KVCacheManager(
+            self.num_blocks, self.block_size, self.max_model_len, self.enable_prefix_caching
+        )
+
+    def scheduler_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of our ``Scheduler`` (after the KV manager) for these settings."""
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
+            "reserve_full_isl": self.reserve_full_isl,
+            "async_scheduling": self.async_scheduling,
+            "enable_chunked_prefill": self.enable_chunked_prefill,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class SchedRecord:
@@ -94,19 +112,8 @@ class OursSide:
 
     def __init__(self, cfg: SchedConfig) -> None:
         self.cfg = cfg
-        self.kv = KVCacheManager(
-            cfg.num_blocks, cfg.block_size, cfg.max_model_len, cfg.enable_prefix_caching
-        )
-        self.sched = Scheduler(
-            self.kv,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_model_len=cfg.max_model_len,
-            long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-            reserve_full_isl=cfg.reserve_full_isl,
-            async_scheduling=cfg.async_scheduling,
-            enable_chunked_prefill=cfg.enable_chunked_prefill,
-        )
+        self.kv = cfg.new_kv()
+        self.sched = Scheduler(self.kv, **cfg.scheduler_kwargs())
         self.requests: list[OurRequest] = []
         self._table_len: dict[int, int] = {}
         self._clock = 0

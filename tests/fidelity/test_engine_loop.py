@@ -27,7 +27,6 @@ from benchmarks.fidelity.sides import OursSide, SchedConfig  # noqa: E402
 from engine.batch import BatchShape  # noqa: E402
 from engine.cluster import Router, run_cluster  # noqa: E402
 from engine.instance import EngineUnit, Member  # noqa: E402
-from engine.kv_cache import KVCacheManager  # noqa: E402
 from engine.request import Request  # noqa: E402
 from engine.scheduler import ScheduledStep, Scheduler  # noqa: E402
 from engine.workload import RequestSpec  # noqa: E402
@@ -71,17 +70,7 @@ def _on_ticks(specs: list[RequestSpec]) -> list[RequestSpec]:
 
 
 def _engine_loop(cfg: SchedConfig, specs: list[RequestSpec]) -> list[Decision]:
-    kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.max_model_len, cfg.enable_prefix_caching)
-    sched = RecordingScheduler(
-        kv,
-        max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        max_model_len=cfg.max_model_len,
-        long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-        reserve_full_isl=cfg.reserve_full_isl,
-        async_scheduling=cfg.async_scheduling,
-        enable_chunked_prefill=cfg.enable_chunked_prefill,
-    )
+    sched = RecordingScheduler(cfg.new_kv(), **cfg.scheduler_kwargs())
     unit = EngineUnit([Member("i0", sched, ConstantLatency())])
     reqs = [
         Request(s, i, cfg.block_size, cfg.enable_prefix_caching) for i, s in enumerate(specs)

@@ -215,14 +215,24 @@ def pad_dp_group(shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
     lm_head and sampler see it) while the attention fields (``num_decode`` and the decode KV
     statistics) keep only the real entries. An all-idle group yields no round (empty list).
     """
+    real = _with_dummies(shapes, "pad_dp_group")
+    return _pad_to(real, max(s.total_tokens for s in real)) if real else []
+
+
+def _with_dummies(shapes: Sequence[BatchShape | None], who: str) -> list[BatchShape]:
+    """The group's batches with each idle member's dummy batch; [] when all are idle."""
     if not shapes:
-        raise ConfigError("pad_dp_group: empty group; pass one entry (or None) per DP member")
+        raise ConfigError(f"{who}: empty group; pass one entry (or None) per DP member")
     if all(s is None for s in shapes):
         return []
-    real = [dummy_batch() if s is None else s for s in shapes]
-    m = max(s.total_tokens for s in real)
+    return [dummy_batch() if s is None else s for s in shapes]
+
+
+def _pad_to(shapes: list[BatchShape], m: int) -> list[BatchShape]:
+    """Each batch padded to ``m`` tokens with dummy decodes (dense rows, MoE and the
+    per-sequence rows see them; attention keeps the real decodes)."""
     return [s if s.total_tokens == m else
-            s._replace(total_tokens=m, num_seqs=s.num_seqs + m - s.total_tokens) for s in real]
+            s._replace(total_tokens=m, num_seqs=s.num_seqs + m - s.total_tokens) for s in shapes]
 
 
 def cudagraph_max_tokens(max_num_seqs: int, max_num_batched_tokens: int) -> int:
@@ -243,8 +253,8 @@ class VllmDpPad:
     ``moe_tokens``: when EP spans the DP group, vLLM's default ``allgather_reducescatter``
     dispatch all-gathers the batches before the experts run, so each member's experts see all
     of them (:class:`ParallelLatencyModel` ignores it for layouts whose EP stays inside the
-    instance, and for dense models). The finer padding to each member's CUDA-graph bucket (125 -> 128 tokens) is not
-    modelled.
+    instance, and for dense models). The finer padding to each member's CUDA-graph bucket
+    (125 -> 128 tokens) is not modelled.
     """
 
     def __init__(self, cudagraph_max: int) -> None:
@@ -253,16 +263,12 @@ class VllmDpPad:
         self.cudagraph_max = cudagraph_max
 
     def __call__(self, shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
-        if not shapes:
-            raise ConfigError("VllmDpPad: empty group; pass one entry (or None) per DP member")
-        if all(s is None for s in shapes):
+        real = _with_dummies(shapes, "VllmDpPad")
+        if not real:
             return []
-        real = [dummy_batch() if s is None else s for s in shapes]
         m = max(s.total_tokens for s in real)
         if m <= self.cudagraph_max:
-            real = [s if s.total_tokens == m else
-                    s._replace(total_tokens=m, num_seqs=s.num_seqs + m - s.total_tokens)
-                    for s in real]
+            real = _pad_to(real, m)
         if len(real) > 1:
             g = sum(s.total_tokens for s in real)
             real = [s._replace(moe_tokens=g) for s in real]

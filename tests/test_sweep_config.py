@@ -64,6 +64,17 @@ def test_every_model_option_names_a_catalog_entry(name):
     check_config(cfg)
 
 
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "cluster").glob("*.yaml")))
+def test_every_cluster_option_validates(name):
+    # A MoE model fits every shape (EP needs one); dense models are covered by the studies.
+    check_config(compose_cfg(f"cluster={name}", "model=qwen3_30b_a3b"))
+
+
+def test_expert_parallel_cluster_on_a_dense_model_is_refused_by_name():
+    with pytest.raises(ConfigError, match="cluster.expert_parallel_size"):
+        check_config(compose_cfg("cluster=dp2_ep2", "model=llama3_8b"))
+
+
 def test_basic_launcher_can_replace_the_ray_launcher():
     cfg = compose_cfg("hydra/launcher=basic", hydra=True)
     assert cfg.hydra.launcher._target_.endswith("BasicLauncher")

@@ -102,7 +102,11 @@ def run_validation(
     *,
     model_config: str | None = None,
     base: EngineConfig | None = None,
+    reference_dp: bool = False,
 ) -> ValidationRun:
+    """Replay ``truth`` with ``base`` engine settings (the run's recorded ones on top) and
+    compare. ``reference_dp`` prices DP rounds as the reference does (see
+    ``analysis.scenario.build_reference_cluster``) instead of as vLLM runs them."""
     gt = load_groundtruth(truth)
     settings = engine_settings(gt)
     config = base_config(settings, base or EngineConfig(), gt.meta.get("engine_kwargs"))
@@ -120,6 +124,7 @@ def run_validation(
         models=models,
         model_configs=configs if configs.is_dir() else None,
         roofline_fallback=False,  # validate the profiles given, never a generated stand-in
+        reference_dp=reference_dp,
     )
     _check_parallelism(gt, settings, build)
     limit = gt.meta.get("num_requests")
@@ -206,6 +211,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"host-side cost per step (default {EngineConfig().step_overhead_us})",
     )
+    p.add_argument(
+        "--reference-dp",
+        action="store_true",
+        help="DP rounds as the reference simulator prices them (every batch padded to the "
+        "group's largest, MoE experts on the member's own tokens) instead of as vLLM runs them",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -213,7 +224,8 @@ def main(args: argparse.Namespace) -> int:
     if args.step_overhead_us is not None:
         base = replace(base, step_overhead_us=args.step_overhead_us)
     run = run_validation(
-        args.truth, args.workload, args.profiles, model_config=args.model_config, base=base
+        args.truth, args.workload, args.profiles, model_config=args.model_config, base=base,
+        reference_dp=args.reference_dp,
     )
     for line in run.kv_lines:
         print(line)

@@ -1,12 +1,15 @@
 """Per-request comparison of a ground-truth replay: where the remaining gaps come from.
 
-    python benchmarks/validation_gaps.py [--truth-name Llama-3.1-8B | Qwen3-32B]
+    python benchmarks/validation_gaps.py [--truth-name Llama-3.1-8B | Qwen3-32B |
+                                          Qwen3-30B-A3B-Instruct-2507]
 
 Prints the 15-metric table for several engine variants side by side (reference clock
-semantics, vLLM's async scheduling, a constant per-step host overhead, and the default
-exposed-overhead model) and, for the
-default engine, the per-request TPOT ratio vLLM/sim binned by the mean number of running
-requests during each request's decode, plus the E2E error by arrival order.
+semantics, vLLM's async scheduling, a constant per-step host overhead, the default
+exposed-overhead model and, for a DP run, the default engine with the reference's DP rounds)
+and, for the default engine, per request (both sides timed from the engine's pickup,
+``queued_ns`` / ``queued_ts``): the TPOT ratio vLLM/sim binned by the mean number of running
+requests during each request's decode, the TTFT of low-load and queued requests, and the
+TTFT/E2E error by arrival order.
 """
 
 from __future__ import annotations
@@ -27,17 +30,19 @@ REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "Llama-3.1-8B": "sharegpt-llama-3.1-8b-300-sps10.jsonl",
     "Qwen3-32B": "sharegpt-qwen3-32b-300-sps10.jsonl",
+    "Qwen3-30B-A3B-Instruct-2507": "sharegpt-qwen3-30b-a3b-300-sps10.jsonl",
 }
+LOW_LOAD_MS = 500.0  # a request whose vLLM TTFT is below this did not queue for a seat
 
 
-def _run(truth: Path, workload: Path, profiles: Path, cfg: EngineConfig):
-    run = V.run_validation(truth, workload, profiles, base=cfg)
+def _run(truth: Path, workload: Path, profiles: Path, cfg: EngineConfig, reference_dp=False):
+    run = V.run_validation(truth, workload, profiles, base=cfg, reference_dp=reference_dp)
     return run, run.result
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--truth-name", default="Llama-3.1-8B")
+    ap.add_argument("--truth-name", default="Llama-3.1-8B", choices=sorted(WORKLOADS))
     args = ap.parse_args()
     data = Path(os.environ.get("SERVESWEEP_DATA", REPO.parent / "shared" / "data")) / "llmservingsim"
     truth = data / "groundtruth" / "RTXPRO6000" / args.truth_name
@@ -50,9 +55,12 @@ def main() -> int:
         "async, constant 550 us/step": replace(base, step_overhead_us=550, step_overhead_hidden_ms=0),
         "default (async, exposed overhead)": base,
     }
+    runs = {label: (cfg, False) for label, cfg in variants.items()}
+    if V.engine_settings(V.load_groundtruth(truth))["dp"] > 1:
+        runs["default, reference DP rounds"] = (base, True)
     cols = {}
-    for label, cfg in variants.items():
-        run, res = _run(truth, workload, profiles, cfg)
+    for label, (cfg, ref_dp) in runs.items():
+        run, res = _run(truth, workload, profiles, cfg, ref_dp)
         cols[label] = {k: v["diff_pct"] for k, v in run.report["metrics"].items()}
         cols[label]["mean |diff|"] = run.report["mean_abs_diff_pct"]
         cols[label]["max |diff|"] = run.report["max_abs_diff_pct"]
@@ -61,8 +69,8 @@ def main() -> int:
     print(table.round(2).to_string())
 
     run, res = _run(truth, workload, profiles, base)
-    gt = V.load_groundtruth(truth).requests
-    df = res.requests
+    gt = V.load_groundtruth(truth).requests.sort_values("request_index").reset_index(drop=True)
+    df = res.requests.reset_index(drop=True)
     s_tpot = (df.finish_ns - df.first_token_ns) / (df.output_len - 1)
     v_tpot = (gt.finish_ns - gt.first_token_ns) / (gt.output_len - 1)
     ts = res.timeseries
@@ -73,13 +81,22 @@ def main() -> int:
         i, j = int((a - t0) // 1e9), int((b - t0) // 1e9) + 1
         mean_running.append(running[i:j].mean())
     x = pd.DataFrame({"ratio": (v_tpot / s_tpot).to_numpy(), "running": mean_running})
-    x["bin"] = pd.cut(x.running, [0, 40, 60, 80, 100, 110, 120, 125, 129])
+    top = float(running.max())
+    edges = sorted({0.0, *np.round(np.linspace(0, top, 8)[1:]).tolist(), top + 1})
+    x["bin"] = pd.cut(x.running, edges)
     print("\nTPOT vLLM/sim by mean running requests during the decode (default engine)")
     print(x.groupby("bin", observed=True).ratio.agg(["size", "mean"]).round(3).to_string())
-    e2e = ((df.finish_ns - df.arrival_ns).to_numpy() - (gt.finish_ns - gt.arrival_ns).to_numpy()) / 1e6
-    ttft = ((df.first_token_ns - df.arrival_ns).to_numpy() - (gt.first_token_ns - gt.arrival_ns).to_numpy()) / 1e6
-    order = pd.DataFrame({"e2e_ms": e2e, "ttft_ms": ttft})
-    order["requests"] = pd.cut(np.arange(len(order)), [-1, 29, 99, 199, 249, 299])
+    s_ttft = (df.first_token_ns - df.queued_ns).to_numpy() / 1e6
+    v_ttft = (gt.first_token_ns - gt.arrival_ns).to_numpy() / 1e6
+    low = v_ttft < LOW_LOAD_MS
+    print(f"\nTTFT, default engine: {int(low.sum())} low-load requests (vLLM TTFT < "
+          f"{LOW_LOAD_MS:.0f} ms): median sim - vLLM {np.median(s_ttft[low] - v_ttft[low]):+.1f} ms; "
+          f"{int((~low).sum())} queued: median sim/vLLM "
+          + (f"{np.median(s_ttft[~low] / v_ttft[~low]):.3f}" if (~low).any() else "n/a")
+          + f"; TPOT sim/vLLM per-request median {np.median(s_tpot / v_tpot):.3f}")
+    e2e = ((df.finish_ns - df.queued_ns).to_numpy() - (gt.finish_ns - gt.arrival_ns).to_numpy()) / 1e6
+    order = pd.DataFrame({"e2e_ms": e2e, "ttft_ms": s_ttft - v_ttft})
+    order["requests"] = pd.cut(np.arange(len(order)), [-1, 29, 99, 199, 249, len(order) - 1])
     print("\nmedian sim - vLLM by arrival order (ms)")
     print(order.groupby("requests", observed=True)[["ttft_ms", "e2e_ms"]].median().round(1).to_string())
     return 0

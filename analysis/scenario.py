@@ -158,7 +158,8 @@ def build_reference_cluster(
     ``model_configs`` is a folder of HF configs (``<org>/<name>.json``) for models the catalog
     lacks. ``streamed_pd`` selects the reference's layer-streamed P/D hand-off;
     ``reference_dp`` its DP rounds (every batch padded to the group's largest, MoE experts priced
-    on the member's own tokens) instead of vLLM's (:class:`profiles.parallel.VllmDpPad`);
+    on the member's own tokens, dense groups in lock-step too) instead of vLLM's
+    (:class:`profiles.parallel.VllmDpPad`; dense DP ranks are independent engines);
     ``roofline_fallback`` a generated bundle where no measured one exists (see module docstring)."""
     base = base or EngineConfig()
     storage = (prefix_storage or "none").lower()
@@ -239,6 +240,11 @@ def build_reference_cluster(
                         kv_bytes_per_token=bpt,
                     )
                 )
+            if inst.dp_group is not None and not (reference_dp or model.is_moe):
+                note = (f"dp_group {inst.dp_group!r}: {model.name} is dense; vLLM runs its DP ranks "
+                        "as independent engines (no lock-step)")
+                if note not in notes:
+                    notes.append(note)
             role = {None: "colocated", "prefill": "prefill", "decode": "decode"}[inst.pd_type]
             out.append(
                 EngineInstance(
@@ -248,7 +254,9 @@ def build_reference_cluster(
                     cfg,
                     latency,
                     role=role,
-                    dp_group=inst.dp_group,
+                    # vLLM runs non-MoE DP ranks as independent engines (EngineCoreProc, not
+                    # DPEngineCoreProc): no lock-step, no dummy batches. The reference does not.
+                    dp_group=inst.dp_group if reference_dp or model.is_moe else None,
                     tiers=tiers,
                     recall_requesters=layout.tp * layout.pp,
                 )

@@ -118,3 +118,19 @@ def test_moe_dp_ep_validation_beats_the_reference(shared_data: Path) -> None:
     assert set(run.result.requests.instance) == {"instance0", "instance1"}
     # Reference simulator: 5.5 % mean, 21.8 % worst (docs/validation.md explains the rest).
     assert r["mean_abs_diff_pct"] < 5.5 and r["max_abs_diff_pct"] < 21.8, run.table_text
+
+
+def test_dense_dp_group_is_independent_engines_unless_reference_dp(shared_data: Path) -> None:
+    """vLLM runs non-MoE DP ranks as independent engines; the reference keeps them in
+    lock-step. MoE DP groups stay grouped either way."""
+    from analysis.scenario import load_reference_cluster
+
+    d = shared_data / "llmservingsim"
+    cfgs, profiles = d / "configs" / "cluster", d / "profiles"
+    dense = load_reference_cluster(cfgs / "single_node_dp_instance.json", profiles)
+    assert [i.dp_group for i in dense.instances] == [None, None]
+    assert any("independent engines" in n for n in dense.notes)
+    ref = load_reference_cluster(cfgs / "single_node_dp_instance.json", profiles, reference_dp=True)
+    assert [i.dp_group for i in ref.instances] == ["A", "A"]
+    moe = load_reference_cluster(cfgs / "single_node_moe_dp_ep_instance.json", profiles)
+    assert {i.dp_group for i in moe.instances} == {"A"}

@@ -191,6 +191,9 @@ def run_validation(
             "reserve_full_isl": first.reserve_full_isl,
             "enable_prefix_caching": first.enable_prefix_caching,
         },
+        "time_anchor": "queued (vLLM queued_ts / servesweep queued_ns)",
+        "reference_dp": reference_dp,
+        "notes": list(build.notes),
     }
     title = f"vLLM vs servesweep - {Path(truth).parent.name}/{Path(truth).name}"
     return ValidationRun(report, format_comparison(table, title), kv_lines, result)
@@ -227,6 +230,8 @@ def main(args: argparse.Namespace) -> int:
         args.truth, args.workload, args.profiles, model_config=args.model_config, base=base,
         reference_dp=args.reference_dp,
     )
+    for note in run.report["notes"]:
+        print(f"note: {note}")
     for line in run.kv_lines:
         print(line)
     print(run.table_text)

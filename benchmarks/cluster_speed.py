@@ -4,8 +4,9 @@ Issue 4 asks that the TP and DP cases stay within 2x of the single-instance engi
 per simulated request. This script measures, side by side in one run:
 
 - the baseline: the RTX PRO 6000 / Llama-3.1-8B ground-truth replay (TP1, one instance);
-- the same 300 requests on the same model with TP2, and as a lock-step DP2 group of TP1 ranks
-  (isolating what the parallel machinery costs: collectives, DP rounds, padding);
+- the same 300 requests on the same model with TP2, as a DP2 group of TP1 ranks (a dense model:
+  vLLM runs the ranks as independent engines) and as a lock-step DP2 group (the reference's DP
+  rounds: dummy batches, padding), isolating what the parallel machinery costs;
 - the two parallel ground-truth replays as they are validated: Qwen3-32B TP2 and
   Qwen3-30B-A3B DP2 x EP2 (other models and outputs, so more steps per request).
 
@@ -60,22 +61,25 @@ def _dp_group(cluster: ClusterSpec, size: int) -> ClusterSpec:
     return replace(cluster, nodes=(replace(node, instances=(inst,) * size),))
 
 
-def cases(data: Path) -> list[tuple[str, ClusterSpec, EngineConfig, Path]]:
+def cases(data: Path) -> list[tuple[str, ClusterSpec, EngineConfig, Path, bool]]:
+    """(label, cluster, engine settings, workload, reference DP rounds) per case."""
     out = []
     for key, (name, workload) in RUNS.items():
         gt = load_groundtruth(data / "groundtruth" / "RTXPRO6000" / name)
         cfg = base_config(engine_settings(gt), EngineConfig(), gt.meta.get("engine_kwargs"))
         wl = data / "workloads" / workload
         if key == "llama":
-            out.append(("Llama-3.1-8B TP1 (baseline)", gt.cluster, cfg, wl))
+            out.append(("Llama-3.1-8B TP1 (baseline)", gt.cluster, cfg, wl, False))
             out.append(("Llama-3.1-8B TP2, same requests",
-                        _with_instances(gt.cluster, tp_size=2, num_npus=2), cfg, wl))
-            out.append(("Llama-3.1-8B DP2 lock-step group, same requests",
-                        _dp_group(gt.cluster, 2), cfg, wl))
+                        _with_instances(gt.cluster, tp_size=2, num_npus=2), cfg, wl, False))
+            out.append(("Llama-3.1-8B DP2, independent ranks", _dp_group(gt.cluster, 2), cfg, wl,
+                        False))
+            out.append(("Llama-3.1-8B DP2, lock-step rounds", _dp_group(gt.cluster, 2), cfg, wl,
+                        True))
         elif key == "qwen32b":
-            out.append(("Qwen3-32B TP2 (its replay)", gt.cluster, cfg, wl))
+            out.append(("Qwen3-32B TP2 (its replay)", gt.cluster, cfg, wl, False))
         else:
-            out.append(("Qwen3-30B-A3B DP2 x EP2 (its replay)", gt.cluster, cfg, wl))
+            out.append(("Qwen3-30B-A3B DP2 x EP2 (its replay)", gt.cluster, cfg, wl, False))
     return out
 
 
@@ -91,12 +95,12 @@ def main() -> int:
     print(f"{'case':<50}{'wall s':>9}{'requests':>10}{'ms/request':>12}{'steps':>8}"
           f"{'us/step':>9}{'x baseline/request':>20}")
     baseline = None
-    for label, cluster, cfg, wl in cases(data):
+    for label, cluster, cfg, wl, reference_dp in cases(data):
         workload = read_jsonl(wl)
         walls = []
         for _ in range(args.repeat):
             clear_bundle_cache()
-            build = build_reference_cluster(cluster, profiles, base=cfg)
+            build = build_reference_cluster(cluster, profiles, base=cfg, reference_dp=reference_dp)
             t0 = time.perf_counter()
             res = simulate_cluster(build.instances, workload, kv_transfer_ns=build.kv_transfer_ns,
                                    dp_pad=build.dp_pad)

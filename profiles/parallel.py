@@ -216,7 +216,7 @@ def pad_dp_group(shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
     statistics) keep only the real entries. An all-idle group yields no round (empty list).
     """
     real = _with_dummies(shapes, "pad_dp_group")
-    return _pad_to(real, max(s.total_tokens for s in real)) if real else []
+    return _pad_to(real, max(s.total_tokens for s in real), sampled=True) if real else []
 
 
 def _with_dummies(shapes: Sequence[BatchShape | None], who: str) -> list[BatchShape]:
@@ -228,11 +228,14 @@ def _with_dummies(shapes: Sequence[BatchShape | None], who: str) -> list[BatchSh
     return [dummy_batch() if s is None else s for s in shapes]
 
 
-def _pad_to(shapes: list[BatchShape], m: int) -> list[BatchShape]:
-    """Each batch padded to ``m`` tokens with dummy decodes (dense rows, MoE and the
-    per-sequence rows see them; attention keeps the real decodes)."""
+def _pad_to(shapes: list[BatchShape], m: int, *, sampled: bool) -> list[BatchShape]:
+    """Each batch padded to ``m`` tokens with dummy decodes: dense rows and MoE see them,
+    attention keeps the real decodes, and the per-sequence rows (lm_head, sampler) see them only
+    when ``sampled``."""
     return [s if s.total_tokens == m else
-            s._replace(total_tokens=m, num_seqs=s.num_seqs + m - s.total_tokens) for s in shapes]
+            s._replace(total_tokens=m,
+                       num_seqs=s.num_seqs + (m - s.total_tokens if sampled else 0))
+            for s in shapes]
 
 
 def cudagraph_max_tokens(max_num_seqs: int, max_num_batched_tokens: int) -> int:
@@ -248,8 +251,10 @@ class VllmDpPad:
     takes part in ``coordinate_batch_across_dp``: the batches are padded to the group's largest
     token count only when every member's batch runs as a CUDA graph (at most ``cudagraph_max``
     tokens, see :func:`cudagraph_max_tokens`); otherwise each member runs its own size
-    (``vllm/v1/worker/dp_utils.py``: DP padding follows the synced CUDA-graph mode). The pad is
-    dummy decodes, as in :func:`pad_dp_group`. Every batch carries the group's token sum as
+    (``vllm/v1/worker/dp_utils.py``: DP padding follows the synced CUDA-graph mode). The pad
+    runs through the model's layers but is never sampled (vLLM computes logits only at the real
+    requests' ``logits_indices``), so unlike :func:`pad_dp_group` it leaves ``num_seqs`` alone.
+    Every batch carries the group's token sum as
     ``moe_tokens``: when EP spans the DP group, vLLM's default ``allgather_reducescatter``
     dispatch all-gathers the batches before the experts run, so each member's experts see all
     of them (:class:`ParallelLatencyModel` ignores it for layouts whose EP stays inside the
@@ -268,7 +273,7 @@ class VllmDpPad:
             return []
         m = max(s.total_tokens for s in real)
         if m <= self.cudagraph_max:
-            real = _pad_to(real, m)
+            real = _pad_to(real, m, sampled=False)
         if len(real) > 1:
             g = sum(s.total_tokens for s in real)
             real = [s._replace(moe_tokens=g) for s in real]

@@ -158,14 +158,15 @@ def test_vllm_dp_pad_pads_only_when_every_batch_is_a_cuda_graph() -> None:
     a, b = decode(100), decode(30)
     pa, pb = pad([a, b])
     assert pa == a._replace(moe_tokens=200)
-    assert pb == b._replace(total_tokens=100, num_seqs=100, moe_tokens=200)
+    # the pad runs through the layers but is never sampled: num_seqs stays the real count
+    assert pb == b._replace(total_tokens=100, moe_tokens=200)
     assert (pb.num_decode, pb.decode_kv_sum) == (30, 3000)  # attention sees the real decodes
     big = BatchShape(2048, 1, 2048, 0, 0, 0, 0, 0)  # eager in vLLM: no DP padding at all
     pbig, pb = pad([big, b])
     assert pbig == big._replace(moe_tokens=2078)
     assert pb == b._replace(moe_tokens=2078)
     # an idle member runs vLLM's one-token dummy batch, then pads like any member
-    assert pad([None, b]) == [dummy_batch()._replace(total_tokens=30, num_seqs=30, moe_tokens=60),
+    assert pad([None, b]) == [dummy_batch()._replace(total_tokens=30, moe_tokens=60),
                               b._replace(moe_tokens=60)]
 
 

@@ -40,6 +40,7 @@ from engine.scheduler import Scheduler
 from engine.simulate import InstanceSpec, simulate_cluster
 from engine.specs import HardwareSpec
 from profiles.catalog import load_model
+from profiles.parallel import VllmDpPad, pad_dp_group
 
 MODEL = load_model("meta-llama/Llama-3.1-8B")
 HW = HardwareSpec("card", 96.0, 1000.0, 100.0, 200.0)
@@ -58,12 +59,6 @@ class Flat:
 
     def stage_ns(self, shape: BatchShape) -> int:
         return self.iteration_ns(shape) // self.pp
-
-
-def dp_pad(shapes: list[BatchShape | None]) -> list[BatchShape]:
-    top = max(s.total_tokens for s in shapes if s is not None)
-    dummy = BatchShape(top, 1, 0, 0, 1, 1, 1, 1)
-    return [dummy if s is None else s._replace(total_tokens=top) for s in shapes]
 
 
 def workload(rng: random.Random, n: int, max_len: int) -> list[RequestSpec]:
@@ -185,7 +180,9 @@ def build(sc: dict, max_len: int, need_blocks: int):
         kwargs["kv_transfer_ns"] = lambda src, dst, tokens: 100_000 + 50 * tokens
     else:
         instances = [inst("dp0", dp_group="g"), inst("dp1", dp_group="g")]
-        kwargs["dp_pad"] = dp_pad
+        # the reference's rounds, or vLLM's with a CUDA-graph limit of 0, 64 or 128 tokens
+        cap = sc["seed"] % 3 * 64
+        kwargs["dp_pad"] = pad_dp_group if sc["seed"] % 2 else VllmDpPad(cap)
     return instances, kwargs, tiers
 
 

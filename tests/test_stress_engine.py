@@ -209,7 +209,7 @@ def test_long_random_simulations_keep_every_invariant(monkeypatch, sc):
         assert row.output_len == spec.output_len == len(times), row.request_id
         assert all(a <= b for a, b in zip(times, times[1:], strict=False)), row.request_id
         assert row.first_token_ns == times[0] >= row.arrival_ns == spec.arrival_ns
-        assert row.first_scheduled_ns >= row.arrival_ns
+        assert row.first_scheduled_ns >= row.queued_ns >= row.arrival_ns  # picked up, then run
         assert row.finish_ns == times[-1]
         assert row.prefix_hit_tokens >= 0 and row.cached_tokens <= spec.prompt_len
     # exactly once: one final finish per request (a P/D prefill finish is a hand-off)

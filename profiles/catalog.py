@@ -4,15 +4,14 @@ One YAML file per model in ``profiles/models/`` and per accelerator in ``profile
 Models are found by Hugging Face id (``meta-llama/Llama-3.1-8B``) or short alias
 (``llama-3.1-8b``), both case-insensitive; hardware by name or alias, case-insensitive.
 
-Also here: reading a Hugging Face ``config.json`` into a ``ModelSpec``, the exact parameter
-count of a spec (``count_params``) and per-rank weight bytes under tensor / expert
-parallelism (``weight_bytes``).
+Also here: reading a Hugging Face ``config.json`` into a ``ModelSpec`` and the exact parameter
+count of a spec (``count_params``). Per-rank weight bytes under TP / EP / PP, for the KV
+capacity, are ``engine.memory.weight_bytes_per_rank``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import MISSING, fields, replace
 from functools import cache
 from pathlib import Path
@@ -27,7 +26,6 @@ MODELS_DIR = CATALOG_DIR / "models"
 HARDWARE_DIR = CATALOG_DIR / "hardware"
 
 # vLLM pads the vocabulary of its parallel embedding / lm_head to a multiple of 64.
-VOCAB_PADDING = 64
 # Architectures whose attention has per-head RMSNorms on q and k (head_dim weights each).
 QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe"})
 
@@ -84,15 +82,10 @@ def _spec_from_mapping(cls: type, data: dict[str, Any], allowed_extra: set[str],
 # Parameter counting and weight bytes
 
 
-def _attention_params(m: ModelSpec, tp: int = 1) -> int:
-    """q/k/v/o projection weights of one layer on one TP rank (no biases in these models).
-
-    KV heads are sharded by TP; with fewer KV heads than ranks each rank holds one replica.
-    """
-    q_heads = math.ceil(m.num_attention_heads / tp)
-    kv_heads = max(1, math.ceil(m.num_kv_heads / tp))
-    qkv = m.hidden_size * (q_heads + 2 * kv_heads) * m.head_dim
-    o_proj = q_heads * m.head_dim * m.hidden_size
+def _attention_params(m: ModelSpec) -> int:
+    """q/k/v/o projection weights of one layer (no biases in these models)."""
+    qkv = m.hidden_size * (m.num_attention_heads + 2 * m.num_kv_heads) * m.head_dim
+    o_proj = m.num_attention_heads * m.head_dim * m.hidden_size
     return qkv + o_proj
 
 
@@ -104,22 +97,11 @@ def _layer_norm_params(m: ModelSpec) -> int:
     return n
 
 
-def _mlp_params(m: ModelSpec, tp: int = 1, ep: int = 1) -> int:
-    """SwiGLU FFN weights (gate, up, down) of one layer on one rank.
-
-    Dense: the intermediate dim is sharded by TP. MoE: the router (hidden x experts) is
-    replicated; with ``ep > 1`` whole experts are split over the EP ranks (vLLM's expert
-    parallelism does not also TP-shard them), with ``ep == 1`` every expert's intermediate
-    dim is sharded by TP.
-    """
+def _mlp_params(m: ModelSpec) -> int:
+    """SwiGLU FFN weights (gate, up, down) of one layer; for MoE the router plus every expert."""
     if not m.is_moe:
-        return 3 * m.hidden_size * math.ceil(m.intermediate_size / tp)
-    router = m.hidden_size * m.num_experts
-    if ep > 1:
-        experts = math.ceil(m.num_experts / ep) * 3 * m.hidden_size * m.moe_intermediate_size
-    else:
-        experts = m.num_experts * 3 * m.hidden_size * math.ceil(m.moe_intermediate_size / tp)
-    return router + experts
+        return 3 * m.hidden_size * m.intermediate_size
+    return m.hidden_size * m.num_experts + m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size
 
 
 def count_params(m: ModelSpec) -> int:
@@ -133,35 +115,6 @@ def count_params(m: ModelSpec) -> int:
     lm_head = 0 if m.tie_word_embeddings else embed
     per_layer = _attention_params(m) + _layer_norm_params(m) + _mlp_params(m)
     return embed + lm_head + m.hidden_size + m.num_layers * per_layer
-
-
-def weight_bytes(model: ModelSpec, dtype_bytes: float, tp: int = 1, ep: int = 1) -> int:
-    """Weight bytes held by one rank (the largest shard when sizes do not divide evenly).
-
-    Embedding and lm_head are vocab-sharded by TP over the vocabulary padded to a multiple
-    of 64 (vLLM's ``VocabParallelEmbedding``); a tied lm_head costs nothing extra.
-    Attention and dense FFN are sharded by TP, norms are replicated, MoE experts are
-    split by ``ep`` (see ``_mlp_params``). ``dtype_bytes`` is bytes per weight element
-    (2 for bf16, 1 for fp8).
-    """
-    for label, value in (("tp", tp), ("ep", ep)):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"weight_bytes: {label} must be an integer >= 1, got {value!r}")
-    if dtype_bytes <= 0:
-        raise ConfigError(f"weight_bytes: dtype_bytes must be > 0, got {dtype_bytes!r}")
-    if model.is_moe and ep > model.num_experts:
-        raise ConfigError(
-            f"weight_bytes: ep={ep} exceeds the {model.num_experts} experts of {model.name}; "
-            "use ep <= num_experts"
-        )
-    padded_vocab = math.ceil(model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
-    vocab_shard = math.ceil(padded_vocab / tp) * model.hidden_size
-    params = vocab_shard * (1 if model.tie_word_embeddings else 2) + model.hidden_size
-    per_layer = (
-        _attention_params(model, tp) + _layer_norm_params(model) + _mlp_params(model, tp, ep)
-    )
-    params += model.num_layers * per_layer
-    return int(params * dtype_bytes)
 
 
 # ---------------------------------------------------------------------------------------

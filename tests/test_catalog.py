@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.memory import weight_bytes_per_rank
 from engine.specs import ConfigError, HardwareSpec, ModelSpec
 from profiles import catalog
 from profiles.catalog import (
@@ -17,7 +18,6 @@ from profiles.catalog import (
     load_hardware,
     load_model,
     model_from_hf_config,
-    weight_bytes,
 )
 
 # Published total parameter counts (model cards) and the tolerance we hold them to.
@@ -49,7 +49,7 @@ def test_exact_llama_8b_count_and_bytes():
     assert m.num_params == 8_030_261_248
     # The reference simulator's memory model prints 16,060,522,496 weight bytes for this
     # model at bf16, tp1 (it ignores nothing Llama has), so both counts must agree.
-    assert weight_bytes(m, 2) == 16_060_522_496
+    assert weight_bytes_per_rank(m) == 2 * m.num_params == 16_060_522_496
 
 
 def test_aliases_and_case_insensitive_lookup():
@@ -135,8 +135,7 @@ def test_hf_config_defaults_and_tied(tmp_path):
     # tied: embedding counted once
     per_layer = 4 * 256 * 256 + 3 * 256 * 512 + 2 * 256
     assert m.num_params == 1000 * 256 + 256 + 2 * per_layer
-    # weight bytes use the padded vocab (1000 -> 1024), lm_head tied
-    assert weight_bytes(m, 2) == 2 * (1024 * 256 + 256 + 2 * per_layer)
+    assert weight_bytes_per_rank(m) == 2 * m.num_params  # tied lm_head stored once
 
 
 @pytest.mark.parametrize(
@@ -162,47 +161,6 @@ def test_hf_config_missing_and_broken_file(tmp_path):
     bad.write_text('{"hidden_size": 4')
     with pytest.raises(ConfigError, match="bad.json"):
         model_from_hf_config(bad)
-
-
-def test_weight_bytes_tp_sharding():
-    m = load_model("llama-3.1-70b")
-    full = weight_bytes(m, 2)
-    assert full == 2 * m.num_params  # 128256 is a multiple of 64: no padding
-    tp4 = weight_bytes(m, 2, tp=4)
-    # Only norms are replicated, so 4 shards exceed the whole by 3 copies of the norms.
-    norms = (2 * m.num_layers + 1) * m.hidden_size * 2
-    assert 4 * tp4 == full + 3 * norms
-    assert weight_bytes(m, 1, tp=4) * 2 == tp4
-
-
-def test_weight_bytes_replicates_kv_heads_beyond_tp():
-    m = load_model("qwen3-30b-a3b")  # 4 KV heads
-    # tp=8: each rank keeps one KV head (replicated), not half a head
-    attn8 = catalog._attention_params(m, 8)
-    assert attn8 == m.hidden_size * (4 + 2 * 1) * 128 + 4 * 128 * m.hidden_size
-
-
-def test_weight_bytes_moe_ep_split():
-    m = load_model("qwen3-30b-a3b")
-    ep2 = weight_bytes(m, 2, ep=2)
-    full = weight_bytes(m, 2)
-    expert_bytes = m.num_layers * m.num_experts * 3 * m.hidden_size * m.moe_intermediate_size * 2
-    assert full - ep2 == expert_bytes // 2
-    # The reference simulator's figure for this model, tp1 / ep2, bf16 is 32,073,191,424
-    # bytes; it ignores the q/k norms (48 layers x 2 x 128 x 2 bytes = 24,576).
-    assert ep2 == 32_073_191_424 + 24_576
-    # ep > 1 with tp > 1: experts not TP-sharded, attention is.
-    assert weight_bytes(m, 2, tp=2, ep=2) < ep2
-    with pytest.raises(ConfigError, match="ep"):
-        weight_bytes(m, 2, ep=256)
-
-
-def test_weight_bytes_bad_args():
-    m = load_model("llama-3.1-8b")
-    with pytest.raises(ConfigError, match="tp"):
-        weight_bytes(m, 2, tp=0)
-    with pytest.raises(ConfigError, match="dtype_bytes"):
-        weight_bytes(m, 0)
 
 
 def test_catalog_file_validation(tmp_path, monkeypatch):
@@ -245,3 +203,20 @@ def test_spec_types_complete():
         text = path.read_text()
         for f in fields(ModelSpec):
             assert f"\n{f.name}:" in text, (path.name, f.name)
+
+
+def test_weight_bytes_per_rank_sharding_and_reference_figures():
+    m70 = load_model("llama-3.1-70b")
+    full = weight_bytes_per_rank(m70)
+    assert full == 2 * m70.num_params  # 128256 divides by tp: no vocab remainder
+    # only the norms are replicated, so 4 shards exceed the whole by 3 copies of them
+    norms = (2 * m70.num_layers + 1) * m70.hidden_size * 2
+    assert 4 * weight_bytes_per_rank(m70, tp=4) == full + 3 * norms
+    moe = load_model("qwen3-30b-a3b")
+    ep2 = weight_bytes_per_rank(moe, ep=2)
+    experts = moe.num_layers * moe.num_experts * 3 * moe.hidden_size * moe.moe_intermediate_size * 2
+    # the reference simulator's figure for tp1 / ep2, bf16 (it leaves out the q/k norms, as
+    # the KV-capacity formula does)
+    assert ep2 == 32_073_191_424
+    assert weight_bytes_per_rank(moe) - ep2 == experts // 2
+    assert weight_bytes_per_rank(moe, tp=2, ep=2) < ep2  # attention TP-sharded, experts not

@@ -28,13 +28,13 @@ Formulas (integer ns):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from astra_bridge.topology import read_config_mapping
 from engine.specs import ConfigError
 
 HOST_IO_PASSES = 2
@@ -273,12 +273,5 @@ def memory_model_from_dict(
 def load_memory_config(path: str | Path, hbm_bw_gbps: float | None = None) -> MemoryModel:
     """Read an ASTRA-Sim memory config JSON file into a :class:`MemoryModel`."""
     p = Path(path)
-    try:
-        raw = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"memory config {p}: cannot read ({exc})") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"memory config {p}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"memory config {p}: expected a JSON object")
+    raw = read_config_mapping(p, "memory config")
     return memory_model_from_dict(raw, hbm_bw_gbps, where=f"memory config {p}")

@@ -196,17 +196,30 @@ class Topology:
         return cls((intra, inter))
 
 
+def read_config_mapping(
+    path: Path, label: str, *, yaml_format: bool = False, expected: str = "a JSON object"
+) -> Mapping:
+    """The top-level mapping of an ASTRA-Sim config file (JSON, or YAML for the network
+    config); unreadable files, bad syntax and a non-mapping top level are one ``ConfigError``
+    that names the ``label`` and the file."""
+    try:
+        text = path.read_text()
+        raw = yaml.safe_load(text) if yaml_format else json.loads(text)
+    except OSError as exc:
+        raise ConfigError(f"{label} {path}: cannot read ({exc})") from exc
+    except (yaml.YAMLError, json.JSONDecodeError) as exc:
+        kind = "YAML" if yaml_format else "JSON"
+        raise ConfigError(f"{label} {path}: not valid {kind} ({exc})") from exc
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{label} {path}: expected {expected}")
+    return raw
+
+
 def load_network_config(path: str | Path) -> Topology:
     """Read an ASTRA-Sim analytical network config (YAML with per-dimension lists)."""
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"network config {p}: cannot read ({exc})") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"network config {p}: not valid YAML ({exc})") from exc
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"network config {p}: expected a mapping with topology/npus_count/...")
+    raw = read_config_mapping(p, "network config", yaml_format=True,
+                              expected="a mapping with topology/npus_count/...")
     missing = [k for k in ("topology", "npus_count", "bandwidth", "latency") if k not in raw]
     if missing:
         raise ConfigError(f"network config {p}: missing keys {missing}")
@@ -320,14 +333,7 @@ class SystemConfig:
 def load_system_config(path: str | Path) -> SystemConfig:
     """Read an ASTRA-Sim ``system.json`` (keys other than the timing-relevant ones are ignored)."""
     p = Path(path)
-    try:
-        raw = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"system config {p}: cannot read ({exc})") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"system config {p}: not valid JSON ({exc})") from exc
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"system config {p}: expected a JSON object")
+    raw = read_config_mapping(p, "system config")
     return system_config_from_dict(raw, where=f"system config {p}")
 
 

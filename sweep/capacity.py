@@ -23,6 +23,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -126,12 +127,8 @@ def check_fleet_settings(cap: DictConfig) -> str | None:
 
 
 def settings_of(cap: DictConfig) -> SearchSettings:
-    s = SearchSettings(
-        tolerance=cap.tolerance, initial_rate=cap.initial_rate,
-        saturation_rate=cap.saturation_rate, start_fraction=cap.start_fraction,
-        growth=cap.growth, min_rate=cap.min_rate, max_rate=cap.max_rate,
-        max_probes=cap.max_probes, throughput_headroom=cap.throughput_headroom,
-    )
+    # ``capacity`` holds every SearchSettings knob under the same name (sweep.capacity_schema).
+    s = SearchSettings(**{f.name: cap[f.name] for f in fields(SearchSettings)})
     s.check()
     return s
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
+from analysis.capacity import SearchSettings
 from sweep.schema import SweepConfig
 
 
@@ -45,15 +46,16 @@ class CapacityConf:
 
     slo: dict[str, float | None] = field(default_factory=dict)
     goodput_fraction: float | None = None
-    tolerance: float = 0.02
-    initial_rate: float | None = None
-    saturation_rate: float = float("inf")
-    start_fraction: float = 0.8
-    growth: float = 2.0
-    min_rate: float = 0.01
-    max_rate: float = 10000.0
-    max_probes: int = 20
-    throughput_headroom: float | None = 0.5
+    # The search knobs default to analysis.capacity.SearchSettings' own values (one source).
+    tolerance: float = SearchSettings.tolerance
+    initial_rate: float | None = SearchSettings.initial_rate
+    saturation_rate: float = SearchSettings.saturation_rate
+    start_fraction: float = SearchSettings.start_fraction
+    growth: float = SearchSettings.growth
+    min_rate: float = SearchSettings.min_rate
+    max_rate: float = SearchSettings.max_rate
+    max_probes: int = SearchSettings.max_probes
+    throughput_headroom: float | None = SearchSettings.throughput_headroom
     cache_dir: str | None = "auto"
     target_rate: float | None = None
     max_replicas: int = 64

@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the read-only reference data lives."""
+"""Shared test fixtures: where the read-only reference data lives; Hydra on ``conf/``."""
 
 from __future__ import annotations
 
@@ -23,3 +23,16 @@ def shared_data() -> Path:
             f"reference data not found at {root} (set SERVESWEEP_DATA to the shared/data folder)"
         )
     return root
+
+
+@pytest.fixture(scope="module")
+def hydra_conf():
+    """Hydra initialised on ``conf/`` for a whole test module (``compose`` is then cheap).
+    Use with ``pytestmark = pytest.mark.usefixtures("hydra_conf")``."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        yield
+    GlobalHydra.instance().clear()

@@ -12,11 +12,9 @@ Any other exception is a crash deep inside the stack and fails the test.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.errors import ConfigCompositionException
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,8 +24,8 @@ from engine.specs import ConfigError
 from sweep.schema import register
 from sweep.validate import check_config
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 register()
+pytestmark = pytest.mark.usefixtures("hydra_conf")
 
 NUMBERS = ["nan", "inf", "-inf", "-1", "0", "0.0", "1e-12", "1e12"]
 # key -> hostile and edge values (Hydra override syntax); a few valid ones keep runs reachable
@@ -76,12 +74,6 @@ NAN_KEYS = ("workload.rate", "workload.cv", "workload.duration_s", "slo.ttft_ms"
 SEEN = {"composition": 0, "config_error": 0, "ran": 0, "engine_error": 0}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def hydra_conf():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 overrides_st = st.dictionaries(

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 
 from sweep.config_hash import HASH_KEY, point_hash
 from sweep.recorder import task_config
@@ -19,15 +18,12 @@ from sweep.schema import register
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register()
-pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning"),
+    pytest.mark.usefixtures("hydra_conf"),
+]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def hydra_conf():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 def h(*overrides: str) -> str:

@@ -6,8 +6,7 @@ import itertools
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
@@ -18,15 +17,9 @@ from sweep.validate import check_config
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 register()
+pytestmark = pytest.mark.usefixtures("hydra_conf")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def hydra_conf():
-    """Initialise Hydra on conf/ once for the module (compose is then cheap)."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 def compose_cfg(*overrides: str, hydra: bool = False):

@@ -32,7 +32,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -124,6 +124,24 @@ def _layer_shape(model: ModelSpec, tp: int, tp_invariant: bool) -> RankShape:
     return RankShape.of(model, 1 if tp_invariant else tp)
 
 
+def _layer_rows(
+    model: ModelSpec,
+    tp: int,
+    table: str,
+    axis: str,
+    counts: np.ndarray,
+    time_us: Callable[[str, RankShape], np.ndarray],
+) -> pd.DataFrame:
+    """Rows (layer, ``axis``, time_us) for every layer of the model's ``table`` (dense or
+    per_sequence), each layer priced at ``counts`` on its rank shape (tp1 when tp-invariant)."""
+    arch = load_architecture(model.model_type)
+    frames = []
+    for name in sorted(n for n, r in arch.layers.items() if r.table == table):
+        shape = _layer_shape(model, tp, arch.layers[name].tp_invariant)
+        frames.append(pd.DataFrame({"layer": name, axis: counts, "time_us": time_us(name, shape)}))
+    return pd.concat(frames, ignore_index=True)
+
+
 def dense_table(
     hardware: HardwareSpec,
     model: ModelSpec,
@@ -133,16 +151,13 @@ def dense_table(
     grid: GridSpec,
 ) -> pd.DataFrame:
     """dense.csv rows (layer, tokens, time_us) for every dense-table layer of the model."""
-    arch = load_architecture(model.model_type)
     tokens = dense_tokens(grid)
-    frames = []
-    for name in sorted(n for n, r in arch.layers.items() if r.table == "dense"):
-        rule = arch.layers[name]
-        shape = _layer_shape(model, tp, rule.tp_invariant)
-        work = dense_work(name, shape, precision, tokens)
-        t = kernel_time_us(work, factors.for_layer(name), hardware, precision.fp8_compute)
-        frames.append(pd.DataFrame({"layer": name, "tokens": tokens, "time_us": t}))
-    return pd.concat(frames, ignore_index=True)
+    return _layer_rows(
+        model, tp, "dense", "tokens", tokens,
+        lambda name, shape: kernel_time_us(dense_work(name, shape, precision, tokens),
+                                           factors.for_layer(name), hardware,
+                                           precision.fp8_compute),
+    )
 
 
 def per_sequence_table(
@@ -153,15 +168,12 @@ def per_sequence_table(
     grid: GridSpec,
 ) -> pd.DataFrame:
     """per_sequence.csv rows (layer, sequences, time_us) for lm_head and sampler."""
-    arch = load_architecture(model.model_type)
     seqs = per_sequence_counts(grid)
-    frames = []
-    for name in sorted(n for n, r in arch.layers.items() if r.table == "per_sequence"):
-        shape = _layer_shape(model, tp, arch.layers[name].tp_invariant)
-        work = per_sequence_work(name, shape, seqs)
-        t = kernel_time_us(work, factors.for_layer(name), hardware)
-        frames.append(pd.DataFrame({"layer": name, "sequences": seqs, "time_us": t}))
-    return pd.concat(frames, ignore_index=True)
+    return _layer_rows(
+        model, tp, "per_sequence", "sequences", seqs,
+        lambda name, shape: kernel_time_us(per_sequence_work(name, shape, seqs),
+                                           factors.for_layer(name), hardware),
+    )
 
 
 def attention_table(

@@ -1,8 +1,10 @@
-"""Shared test fixtures: where the read-only reference data lives; Hydra on ``conf/``."""
+"""Shared test fixtures: where the read-only reference data lives; Hydra on ``conf/``; a fresh
+MLflow sqlite store per test."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,22 @@ def hydra_conf():
     with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
         yield
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="module")
+def mlflow_template(tmp_path_factory) -> Path:
+    """A migrated MLflow sqlite store, created once per module (migrations take seconds)."""
+    from sweep.tracking import Tracker
+
+    path = tmp_path_factory.mktemp("mlflow") / "template.db"
+    Tracker(f"sqlite:///{path}", "template")
+    return path
+
+
+@pytest.fixture
+def store(tmp_path, mlflow_template, monkeypatch) -> str:
+    """A fresh copy of the template store in the test's own folder (the working directory,
+    since MLflow puts artifacts under ./mlruns); its tracking URI."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(mlflow_template, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -55,22 +54,6 @@ def ray_session():
              include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     yield
     ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def mlflow_template(tmp_path_factory) -> Path:
-    from sweep.tracking import Tracker
-
-    path = tmp_path_factory.mktemp("mlflow") / "template.db"
-    Tracker(f"sqlite:///{path}", "template")
-    return path
-
-
-@pytest.fixture
-def store(tmp_path, mlflow_template, monkeypatch) -> str:
-    monkeypatch.chdir(tmp_path)
-    shutil.copy(mlflow_template, tmp_path / "mlflow.db")
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 def run_sweep(sweep_dir: Path, overrides: list[str]):

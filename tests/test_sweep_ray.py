@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -39,23 +38,6 @@ def ray_session():
              include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def mlflow_template(tmp_path_factory) -> Path:
-    """A migrated MLflow sqlite store, created once (migrations take seconds)."""
-    from sweep.tracking import Tracker
-
-    path = tmp_path_factory.mktemp("mlflow") / "template.db"
-    Tracker(f"sqlite:///{path}", "template")
-    return path
-
-
-@pytest.fixture
-def store(tmp_path, mlflow_template, monkeypatch) -> str:
-    monkeypatch.chdir(tmp_path)  # MLflow puts artifacts under ./mlruns
-    shutil.copy(mlflow_template, tmp_path / "mlflow.db")
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
 def run_sweep(sweep_dir: Path, overrides: list[str]):

@@ -112,7 +112,10 @@ def compute_metrics(
     prompt_len = done["prompt_len"].to_numpy(dtype=np.int64)
 
     for bad, what in (
-        (arrival < 0, f"{anchor} < 0 (never picked up)"),
+        # -1 marks an instant never recorded (queued_ns of a request no engine picked up);
+        # arrival times are the workload's own and may be any value.
+        (arrival < 0 if anchor != "arrival_ns" else np.zeros(len(arrival), bool),
+         f"{anchor} < 0 (never recorded)"),
         (first_t < arrival, f"first_token_ns < {anchor}"),
         (finish_t < first_t, "finish_ns < first_token_ns"),
         (out_len < 1, "output_len < 1"),

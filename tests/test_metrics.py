@@ -209,5 +209,9 @@ def test_anchor_column_measures_ttft_and_e2el_from_it():
     with pytest.raises(ConfigError, match="anchor column 'picked_ns'"):
         compute_metrics(df, anchor="picked_ns")
     df.loc[1, "queued_ns"] = -1
-    with pytest.raises(ConfigError, match="queued_ns < 0"):
+    with pytest.raises(ConfigError, match="queued_ns < 0 .never recorded"):
         compute_metrics(df, anchor="queued_ns")
+    # workload arrival times are taken as they are, even before zero
+    shifted = df.assign(arrival_ns=df.arrival_ns - 3 * MS, first_token_ns=df.first_token_ns - 3 * MS,
+                        finish_ns=df.finish_ns - 3 * MS)
+    assert compute_metrics(shifted)["ttft_ms_mean"] == by_arrival["ttft_ms_mean"]

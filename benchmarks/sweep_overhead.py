@@ -217,8 +217,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from sweep.tracking import Tracker
 
     t0 = time.perf_counter()
-    ray.init(address="local", num_cpus=os.cpu_count(), object_store_memory=200 * 2**20,
-             include_dashboard=False, log_to_driver=False)
+    from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray
+
+    start_ray(ray, "local", {"num_cpus": os.cpu_count(), "object_store_memory": 200 * 2**20,
+                             "log_to_driver": False})
     t_ray = time.perf_counter() - t0
     t0 = time.perf_counter()
     uri = f"sqlite:///{work / 'mlflow.db'}"

@@ -127,14 +127,10 @@ class RayProbePool:
         self._ray = ray
         self._started = False
         if not ray.is_initialized():
-            if address in (None, "local"):
-                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-                # "local" starts a private Ray even if another one runs on this machine.
-                ray.init(address="local", include_dashboard=False,
-                         object_store_memory=200 * 1024**2, log_to_driver=True)
-            else:
-                ray.init(address=address)
+            from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray
+
+            # "local" starts a private loopback-only Ray even if another one runs here.
+            start_ray(ray, address, {"object_store_memory": 200 * 1024**2, "log_to_driver": True})
             self._started = True
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.size = max(1, min(num_actors or cpus, cpus))

@@ -1,5 +1,5 @@
 """Shared test fixtures: where the read-only reference data lives; Hydra on ``conf/``; a fresh
-MLflow sqlite store per test."""
+MLflow sqlite store per test; a small loopback-only Ray per test module."""
 
 from __future__ import annotations
 
@@ -57,3 +57,18 @@ def store(tmp_path, mlflow_template, monkeypatch) -> str:
     monkeypatch.chdir(tmp_path)
     shutil.copy(mlflow_template, tmp_path / "mlflow.db")
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def ray_session(request):
+    """A small private Ray for one test module, started the way sweeps start it (loopback
+    only). The module's own functions are shipped by value: Ray workers cannot import test
+    modules. The launcher attaches to it and never shuts it down."""
+    ray = pytest.importorskip("ray")
+    from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray
+
+    start_ray(ray, "local", {"num_cpus": 2, "object_store_memory": 100 * 2**20,
+                             "include_dashboard": False, "log_to_driver": False})
+    ray.cloudpickle.register_pickle_by_value(request.module)
+    yield ray
+    ray.shutdown()

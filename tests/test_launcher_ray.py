@@ -4,7 +4,6 @@ order, a crashing actor, a job timeout, and a recorder receiving every result.""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -19,19 +18,6 @@ from hydra_plugins.ray_actor_launcher._actor import JobFailure
 ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    """A small private Ray for this module (the launcher attaches and never shuts it down)."""
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 2**20,
-             include_dashboard=False, log_to_driver=False)
-    # Ray workers cannot import this test module: ship its task functions by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ exactly once."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,17 +16,6 @@ ray = pytest.importorskip("ray")
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_session")]
 RECORDED: list[tuple[int, str]] = []
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 2**20,
-             include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)

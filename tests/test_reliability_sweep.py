@@ -46,16 +46,6 @@ WALL_CLOCK = ("sim_wall_s", "job_wall_s")  # host timings: the only metrics allo
 POINT = ["+experiment=mem_util_grid", "workload.num_requests=60", "tracking.plots=false"]
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 2**20,
-             include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    yield
-    ray.shutdown()
-
-
 def run_sweep(sweep_dir: Path, overrides: list[str]):
     hydra_ = Hydra.create_main_hydra_file_or_module(
         calling_file=None, calling_module="sweep.app", config_path="../conf", job_name="sweep"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandas as pd
@@ -28,16 +27,6 @@ REQUIRED_METRICS = (
     "request_throughput", "output_throughput", "goodput_rps", "slo_attainment_pct",
     "kv_usage_pct_max", "num_preemptions", "prefix_hit_rate", "makespan_s", "job_wall_s",
 )
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 2**20,
-             include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def run_sweep(sweep_dir: Path, overrides: list[str]):

@@ -11,7 +11,6 @@ is handed to the recorder and returned like a fresh one.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
@@ -30,7 +29,6 @@ from hydra_plugins.ray_actor_launcher.hooks import Recorder, load_attr
 log = logging.getLogger(__name__)
 
 ON_FAILURE = ("continue", "raise")
-_RESOURCE_KEYS = ("num_cpus", "num_gpus", "object_store_memory", "resources", "memory")
 
 
 class RayActorLauncher(Launcher):
@@ -150,6 +148,7 @@ class RayActorLauncher(Launcher):
             preload = tuple(self.params.preload or ())
             actors = [remote_cls.remote(preload) for _ in range(size)]
             ray.get([a.pid.remote() for a in actors], timeout=self.params.ready_timeout_s)
+            self._check_exposure()
             if starting is not None:
                 starting.wait()
             log.info(f"{size} actors ready {time.monotonic() - t_start:.1f} s after launch")
@@ -224,20 +223,32 @@ class RayActorLauncher(Launcher):
     def _ensure_ray(self, ray: Any) -> None:
         if ray.is_initialized():
             return
+        from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray
+
         address = self.params.address or "local"
         runtime_env = OmegaConf.to_container(self.params.runtime_env, resolve=True) or None
-        init = {k: v for k, v in OmegaConf.to_container(self.params.init, resolve=True).items()}
-        if address == "local":
-            # A private single-machine Ray on loopback: no token auth, no usage reporting.
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            kwargs = {k: v for k, v in init.items() if v is not None}
-        else:
-            kwargs = {k: v for k, v in init.items() if k not in _RESOURCE_KEYS and v is not None}
-            kwargs.pop("include_dashboard", None)
+        init = OmegaConf.to_container(self.params.init, resolve=True)
         log.info(f"Starting Ray (address={address})")
-        ray.init(address=address, runtime_env=runtime_env, **kwargs)
+        start_ray(ray, address, init, runtime_env)
         self._started_ray = True
+
+    def _check_exposure(self) -> None:
+        """A local Ray started here must listen on loopback only (sockets checked once the
+        actors run); otherwise stop before any job is sent."""
+        from hydra_plugins.ray_actor_launcher.ray_cluster import (
+            RayExposedError,
+            describe,
+            is_local,
+            non_loopback_listeners,
+        )
+
+        if not (self._started_ray and is_local(self.params.address)):
+            return
+        exposed = non_loopback_listeners()
+        if exposed:
+            raise RayExposedError(
+                f"the local Ray listens beyond loopback: {describe(exposed)}; no job was run"
+            )
 
     def _pool_size(self, ray: Any, actor_options: dict[str, Any], num_jobs: int) -> int:
         """Actors wanted, capped to what the cluster can schedule (never more than jobs)."""

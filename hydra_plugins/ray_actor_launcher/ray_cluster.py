@@ -1,0 +1,198 @@
+"""Start or attach the Ray cluster a sweep runs on, and check who it listens to.
+
+``address="local"`` starts a private single-machine Ray that listens on loopback only.
+Ray on Linux takes the node's external address as its node IP, even when told
+``_node_ip_address="127.0.0.1"`` (``ray/_private/services.py``: ``resolve_ip_for_localhost``
+replaces a loopback address by ``get_node_ip_address()``), and its GCS, raylet, object
+manager, workers and runtime-env agent then listen on every interface. Ray's own
+single-machine mode (the one it uses on macOS and Windows, switched by
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read into ``ray._private.ray_constants`` at import)
+makes ``get_node_ip_address()`` return the loopback address, and Ray 2.60 binds each of its
+servers to the node IP. ``start_ray`` sets that mode, starts Ray, and refuses to go on
+(shutting Ray down again) unless the node IP is loopback; ``non_loopback_listeners`` lets
+the launcher check the sockets themselves once its actors run.
+
+Any other address attaches to an existing (multi-node) cluster. That cluster is reachable
+from other machines by design, so Ray's token authentication must be on
+(``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; docs/sweep.md
+says how to set it up); ``start_ray`` sets token mode unless the environment chose a mode,
+and warns when it says ``disabled``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LOOPBACK_IP = "127.0.0.1"
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's single-machine mode
+LOCAL_ADDRESSES = (None, "", "local")
+
+
+class RayExposedError(RuntimeError):
+    """A local Ray would listen (or listens) beyond the loopback interface."""
+
+
+def is_local(address: str | None) -> bool:
+    """True when ``address`` asks for a private Ray started by this process."""
+    return address in LOCAL_ADDRESSES
+
+
+def start_ray(
+    ray: Any,
+    address: str | None,
+    init_kwargs: Mapping[str, Any] | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
+) -> None:
+    """``ray.init`` for a sweep: a loopback-only private Ray for ``local``, or an attach with
+    token authentication for a cluster address (``auto``, ``host:port``, ``ray://...``)."""
+    kwargs = {k: v for k, v in (init_kwargs or {}).items() if v is not None}
+    if is_local(address):
+        _single_machine_mode(ray)
+        # Loopback only, so no other machine can reach it: no token needed; no usage report.
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        kwargs.setdefault("include_dashboard", False)
+        if kwargs.get("include_dashboard"):
+            kwargs.setdefault("dashboard_host", LOOPBACK_IP)
+        if kwargs.get("dashboard_host") not in (None, LOOPBACK_IP, "localhost"):
+            raise RayExposedError(
+                f"hydra.launcher.init.dashboard_host={kwargs['dashboard_host']!r} would expose "
+                f"the local Ray dashboard beyond this machine; use {LOOPBACK_IP} (or run a "
+                "cluster with token authentication and set RAY_ADDRESS)"
+            )
+        ray.init(address="local", _node_ip_address=LOOPBACK_IP,
+                 runtime_env=dict(runtime_env) if runtime_env else None, **kwargs)
+        node_ip = ray.util.get_node_ip_address()
+        if not _is_loopback(node_ip):
+            ray.shutdown()
+            raise RayExposedError(
+                f"the local Ray took node address {node_ip}, not loopback, so it would listen "
+                f"beyond this machine; it was shut down. Set {SINGLE_MACHINE_ENV}=0 in the "
+                "environment before Python starts, or attach to a cluster with token "
+                "authentication through RAY_ADDRESS"
+            )
+        return
+    mode = os.environ.setdefault("RAY_AUTH_MODE", "token")
+    if mode == "disabled":
+        log.warning(
+            "RAY_AUTH_MODE=disabled while attaching to the Ray cluster at %s: anyone who can "
+            "reach its ports can run code on it. Use token authentication (docs/sweep.md).",
+            address,
+        )
+    for key in ("num_cpus", "num_gpus", "object_store_memory", "resources", "memory",
+                "include_dashboard", "dashboard_host"):
+        kwargs.pop(key, None)  # a cluster's resources and dashboard are its own
+    ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None, **kwargs)
+
+
+def _single_machine_mode(ray: Any) -> None:
+    """Make Ray take loopback as the node IP, also when ``ray`` was imported already."""
+    os.environ[SINGLE_MACHINE_ENV] = "0"  # read by Ray processes started from here on
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:  # read once at import: the driver may have imported Ray early
+        constants.ENABLE_RAY_CLUSTER = False
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+# ------------------------------------------------------------------ listening sockets
+def process_tree(root: int) -> set[int]:
+    """``root`` and every process descended from it (Linux ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        ppid = int(text.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:  # ended, or not ours to read
+        pass
+    return inodes
+
+
+def _decode_address(hex_addr: str) -> str:
+    """``/proc/net/tcp{,6}`` local address (little-endian words) to text."""
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def listening_sockets(pids: Iterable[int]) -> list[tuple[int, str, int]]:
+    """``(pid, address, port)`` of every listening TCP socket the processes hold."""
+    owner = {inode: pid for pid in pids for inode in _socket_inodes(pid)}
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != "0A":  # TCP_LISTEN
+                continue
+            pid = owner.get(fields[9])
+            if pid is None:
+                continue
+            host, port = fields[1].split(":")
+            found.append((pid, _decode_address(host), int(port, 16)))
+    return sorted(found)
+
+
+def non_loopback_listeners(root: int | None = None) -> list[tuple[int, str, int]]:
+    """Listening sockets of ``root``'s process tree (default: this process) bound beyond
+    loopback (``0.0.0.0``, ``::`` and external addresses; ``::ffff:127.0.0.1`` is loopback).
+    Empty where ``/proc`` is not available."""
+    if not Path("/proc/net/tcp").exists():
+        return []
+    out = []
+    for pid, host, port in listening_sockets(process_tree(root or os.getpid())):
+        ip = ipaddress.ip_address(host)
+        mapped = getattr(ip, "ipv4_mapped", None)
+        if not (mapped or ip).is_loopback:
+            out.append((pid, host, port))
+    return out
+
+
+def describe(listeners: Iterable[tuple[int, str, int]]) -> str:
+    parts = []
+    for pid, host, port in listeners:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            name = "?"
+        parts.append(f"{name} (pid {pid}) on {host}:{port}")
+    return ", ".join(parts)

@@ -1,0 +1,135 @@
+"""The sweep's Ray listens on loopback only: socket discovery from /proc, ``start_ray``'s
+refusals, and a real ``python -m sweep ... -m`` watched from outside while it runs."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hydra_plugins.ray_actor_launcher import ray_cluster
+from hydra_plugins.ray_actor_launcher.ray_cluster import (
+    RayExposedError,
+    listening_sockets,
+    non_loopback_listeners,
+    process_tree,
+    start_ray,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+linux_only = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+
+
+def test_decode_proc_addresses():
+    assert ray_cluster._decode_address("0100007F") == "127.0.0.1"
+    assert ray_cluster._decode_address("00000000") == "0.0.0.0"
+    mapped = ray_cluster._decode_address("0000000000000000FFFF00000100007F")
+    assert ipaddress.ip_address(mapped) == ipaddress.ip_address("::ffff:127.0.0.1")
+    assert ray_cluster._decode_address("00000000000000000000000001000000") == "::1"
+
+
+@linux_only
+def test_listeners_of_this_process_by_address():
+    with socket.socket() as lo, socket.socket() as wide:
+        lo.bind(("127.0.0.1", 0))
+        lo.listen()
+        wide.bind(("0.0.0.0", 0))
+        wide.listen()
+        mine = listening_sockets([os.getpid()])
+        assert (os.getpid(), "127.0.0.1", lo.getsockname()[1]) in mine
+        assert (os.getpid(), "0.0.0.0", wide.getsockname()[1]) in mine
+        exposed = non_loopback_listeners()
+        assert [(h, p) for _, h, p in exposed] == [("0.0.0.0", wide.getsockname()[1])]
+
+
+@linux_only
+def test_process_tree_holds_children():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert {os.getpid(), child.pid} <= process_tree(os.getpid())
+    finally:
+        child.kill()
+        child.wait()
+
+
+class FakeRay:
+    """Records ``init``/``shutdown``; reports ``node_ip`` as the node address."""
+
+    def __init__(self, node_ip: str) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self.util = SimpleNamespace(get_node_ip_address=lambda: node_ip)
+
+    def init(self, **kwargs):
+        self.calls.append(("init", kwargs))
+
+    def shutdown(self):
+        self.calls.append(("shutdown", {}))
+
+
+def test_local_ray_refused_when_node_address_is_external(monkeypatch):
+    monkeypatch.delenv(ray_cluster.SINGLE_MACHINE_ENV, raising=False)
+    fake = FakeRay("192.0.2.7")
+    with pytest.raises(RayExposedError, match="192.0.2.7"):
+        start_ray(fake, "local", {"num_cpus": 2})
+    assert [c for c, _ in fake.calls] == ["init", "shutdown"]
+    init = fake.calls[0][1]
+    assert init["_node_ip_address"] == "127.0.0.1" and init["include_dashboard"] is False
+    assert os.environ[ray_cluster.SINGLE_MACHINE_ENV] == "0"
+
+
+def test_local_dashboard_stays_on_loopback(monkeypatch):
+    fake = FakeRay("127.0.0.1")
+    start_ray(fake, "local", {"include_dashboard": True})
+    assert fake.calls[0][1]["dashboard_host"] == "127.0.0.1"
+    with pytest.raises(RayExposedError, match="dashboard_host='0.0.0.0'"):
+        start_ray(FakeRay("127.0.0.1"), None, {"include_dashboard": True,
+                                               "dashboard_host": "0.0.0.0"})
+
+
+def test_cluster_attach_uses_token_auth(monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    fake = FakeRay("10.0.0.1")
+    start_ray(fake, "auto", {"num_cpus": 4, "log_to_driver": False, "include_dashboard": False})
+    assert os.environ["RAY_AUTH_MODE"] == "token"
+    # the cluster's resources and dashboard are its own; other init options pass through
+    assert fake.calls == [("init", {"address": "auto", "runtime_env": None,
+                                    "log_to_driver": False})]
+
+
+@linux_only
+@pytest.mark.ray
+@pytest.mark.slow
+def test_sweep_ray_listens_on_loopback_only(tmp_path):
+    """``python -m sweep +experiment=mem_util_grid -m`` (shortened): every listening socket
+    of the sweep's process tree (driver, GCS, raylet, agents, actors) is on loopback."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env.pop(ray_cluster.SINGLE_MACHINE_ENV, None)
+    cmd = [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
+           "workload.num_requests=150", "tracking.plots=false", "hydra.launcher.progress=false",
+           f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", "-m"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen: set[str] = set()
+    exposed: list[tuple[int, str, int]] = []
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        tree = process_tree(proc.pid)
+        for pid, _host, _port in listening_sockets(tree):
+            try:
+                seen.add(Path(f"/proc/{pid}/comm").read_text().strip())
+            except OSError:
+                pass
+        exposed += non_loopback_listeners(proc.pid)
+        time.sleep(0.2)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:]
+    assert {"gcs_server", "raylet"} <= seen, f"Ray processes not observed: {seen}"
+    assert exposed == [], f"listening beyond loopback: {exposed}"

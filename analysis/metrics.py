@@ -1,17 +1,24 @@
 """Serving metrics as ``vllm bench serve`` defines them, and sim-vs-vLLM comparison.
 
+This module owns the per-request latencies: ``per_request`` is the one function that turns
+a per-request frame into TTFT, TPOT, ITL and E2E latency, and everything that judges a run
+(``compute_metrics`` here, the SLO check and goodput in ``analysis.slo``, the cost in
+``analysis.cost``) reads its result.
+
 Input is a per-request DataFrame with columns ``request_id, arrival_ns, first_token_ns,
 finish_ns, prompt_len, output_len`` and optionally ``token_times_ns`` (absolute ns of every
-output token, the first included). A request counts as completed when ``first_token_ns``
-and ``finish_ns`` are present and >= 0 (the engine writes -1 for requests that never
-finished); only completed requests enter the statistics.
+output token, the first included). A request counts as completed (``finished``) when
+``first_token_ns`` and ``finish_ns`` are present and >= 0 (the engine writes -1 for requests
+that never finished); only completed requests enter the statistics, as only successful
+requests do in ``vllm bench serve`` (``vllm/benchmarks/serve.py``, ``calculate_metrics``).
 
 Per request (ms): TTFT = first_token - arrival; E2EL = finish - arrival; TPOT =
-(E2EL - TTFT) / (output_len - 1), only for output_len > 1; ITL = every gap between
-successive output tokens, pooled over all requests (not per-request means). Each is
-summarised by mean, median, p90, p95, p99 with ``np.percentile``'s default linear
-interpolation. Throughputs divide by the benchmark duration: from ``start_ns`` (default:
-the earliest arrival) to the last completion.
+(E2EL - TTFT) / (output_len - 1), only for output_len > 1 (``vllm bench serve``'s goodput
+check counts the TPOT of a one-token request as 0); ITL = every gap between successive
+output tokens, pooled over all requests (not per-request means). Each is summarised by mean,
+median, p90, p95, p99 (``statistic``: ``np.mean``, ``np.median``, ``np.percentile`` with its
+default linear interpolation). Throughputs divide by the benchmark duration: from
+``start_ns`` (default: the earliest arrival) to the last completion.
 
 ``anchor`` names the column TTFT and E2EL are measured from: ``arrival_ns`` (default: the
 instant the request reaches the engine, what a client sees) or ``queued_ns`` (when the engine
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -53,29 +61,45 @@ _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "Latency"}
 _STAT_LABELS = {"mean": "Mean", "median": "Median", "p90": "P90", "p95": "P95", "p99": "P99"}
 
 
+def percentile_of(stat: str) -> float:
+    """The percentile a statistic name stands for: ``median`` 50, ``p99`` 99, ``p99_9`` 99.9;
+    NaN for ``mean``. Raises ``ValueError`` for any other name."""
+    if stat == "mean":
+        return math.nan
+    if stat == "median":
+        return 50.0
+    whole, _, frac = stat[1:].partition("_")
+    if not stat.startswith("p") or not whole.isdigit() or (frac and not frac.isdigit()):
+        raise ValueError(f"{stat!r} is not a statistic; use mean, median or p<q> (p99, p99_9)")
+    return float(f"{whole}.{frac}" if frac else whole)
+
+
+def statistic(values: np.ndarray, stat: str) -> float:
+    """One statistic of ``values`` by name (``mean``, ``median``, ``p<q>``); NaN when empty.
+    The one place a latency sample becomes a number: metrics and SLO checks both call it."""
+    if len(values) == 0:
+        return math.nan
+    if stat == "mean":
+        return float(np.mean(values))
+    if stat == "median":
+        return float(np.median(values))
+    return float(np.percentile(values, percentile_of(stat)))
+
+
 def summarize(values: np.ndarray) -> dict[str, float]:
     """mean, median, p90, p95, p99 of ``values`` (NaN for each when empty)."""
-    if len(values) == 0:
-        return dict.fromkeys(STATISTICS, math.nan)
-    p90, p95, p99 = np.percentile(values, [90, 95, 99])
-    return {
-        "mean": float(np.mean(values)),
-        "median": float(np.median(values)),
-        "p90": float(p90),
-        "p95": float(p95),
-        "p99": float(p99),
-    }
+    return {stat: statistic(values, stat) for stat in STATISTICS}
 
 
-def _itl_ms(token_times: pd.Series) -> np.ndarray:
-    gaps = [
-        np.diff(np.asarray(t, dtype=np.int64))
-        for t in token_times
-        if t is not None and not (isinstance(t, float) and math.isnan(t)) and len(t) > 1
-    ]
-    if not gaps:
-        return np.empty(0)
-    return np.concatenate(gaps) / _NS_PER_MS
+def _itl_gaps(token_times: pd.Series, finished: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each request's gaps between successive output tokens (ms); empty when it did not
+    finish or its token times are unknown."""
+    gaps = []
+    for t, done in zip(token_times, finished, strict=True):
+        known = t is not None and not (isinstance(t, float) and math.isnan(t)) and len(t) > 1
+        gaps.append(np.diff(np.asarray(t, dtype=np.int64)) / _NS_PER_MS if done and known
+                    else np.empty(0))
+    return tuple(gaps)
 
 
 def _check_columns(df: pd.DataFrame) -> None:
@@ -86,10 +110,50 @@ def _check_columns(df: pd.DataFrame) -> None:
         )
 
 
-def compute_metrics(
-    requests_df: pd.DataFrame, start_ns: int | None = None, anchor: str = "arrival_ns"
-) -> dict[str, float]:
-    """The metric dict (keys ``METRIC_KEYS``) for one run; see the module docstring.
+@dataclass(frozen=True, eq=False)
+class RequestMetrics:
+    """Per-request latencies of one run, row for row with its requests frame.
+
+    ``finished`` marks the completed requests; ``ttft_ms``/``e2el_ms`` are NaN for the
+    others, ``tpot_ms`` is NaN for them and for one-token requests (no TPOT, as in
+    ``vllm bench serve``); ``itl_ms`` holds each request's token gaps. ``arrival_ns`` is the
+    workload's arrival time (whatever the anchor), ``finish_ns`` NaN when unfinished.
+    """
+
+    request_id: np.ndarray
+    finished: np.ndarray
+    arrival_ns: np.ndarray
+    finish_ns: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+    e2el_ms: np.ndarray
+    itl_ms: tuple[np.ndarray, ...]
+
+    def __len__(self) -> int:
+        return len(self.finished)
+
+    def sample(self, metric: str) -> np.ndarray:
+        """The run's sample of ``metric`` (``ttft``, ``tpot``, ``itl``, ``e2el``): finished
+        requests only, TPOT of multi-token ones only, ITL pooled over every gap."""
+        if metric == "itl":
+            gaps = [g for g in self.itl_ms if len(g)]
+            return np.concatenate(gaps) if gaps else np.empty(0)
+        values = getattr(self, f"{metric}_ms")
+        return values[~np.isnan(values)]
+
+    def goodput_value(self, metric: str) -> np.ndarray:
+        """Each request's own ``ttft``/``tpot``/``e2el`` as ``vllm bench serve --goodput``
+        compares it with a bound: TPOT 0 for a finished one-token request, NaN unfinished."""
+        values = getattr(self, f"{metric}_ms")
+        if metric == "tpot":
+            values = np.where(self.finished & (self.output_len <= 1), 0.0, values)
+        return values
+
+
+def per_request(requests_df: pd.DataFrame, anchor: str = "arrival_ns") -> RequestMetrics:
+    """TTFT, TPOT, ITL and E2E latency (ms) of every request; see the module docstring.
 
     Raises ``ConfigError`` for missing columns or a completed request whose first token
     precedes its anchor, whose finish precedes its first token, or whose output_len < 1.
@@ -100,57 +164,83 @@ def compute_metrics(
             f"anchor column {anchor!r} missing from the per-request table; "
             "use 'arrival_ns' or a table that records it"
         )
-    first = pd.to_numeric(requests_df["first_token_ns"], errors="coerce")
-    finish = pd.to_numeric(requests_df["finish_ns"], errors="coerce")
-    done_mask = (first >= 0) & (finish >= 0)
-    done = requests_df[done_mask.to_numpy()]
-
-    arrival = done[anchor].to_numpy(dtype=np.float64)
-    first_t = first[done_mask].to_numpy(dtype=np.float64)
-    finish_t = finish[done_mask].to_numpy(dtype=np.float64)
-    out_len = done["output_len"].to_numpy(dtype=np.int64)
-    prompt_len = done["prompt_len"].to_numpy(dtype=np.int64)
+    first = pd.to_numeric(requests_df["first_token_ns"], errors="coerce").to_numpy(np.float64)
+    finish = pd.to_numeric(requests_df["finish_ns"], errors="coerce").to_numpy(np.float64)
+    finished = (first >= 0) & (finish >= 0)
+    start = requests_df[anchor].to_numpy(dtype=np.float64)
+    out_len = requests_df["output_len"].to_numpy(dtype=np.int64)
+    ids = requests_df["request_id"].to_numpy()
 
     for bad, what in (
         # -1 marks an instant never recorded (queued_ns of a request no engine picked up);
         # arrival times are the workload's own and may be any value.
-        (arrival < 0 if anchor != "arrival_ns" else np.zeros(len(arrival), bool),
+        (start < 0 if anchor != "arrival_ns" else np.zeros(len(start), bool),
          f"{anchor} < 0 (never recorded)"),
-        (first_t < arrival, f"first_token_ns < {anchor}"),
-        (finish_t < first_t, "finish_ns < first_token_ns"),
+        (first < start, f"first_token_ns < {anchor}"),
+        (finish < first, "finish_ns < first_token_ns"),
         (out_len < 1, "output_len < 1"),
     ):
+        bad = bad & finished
         if bad.any():
-            rid = done["request_id"].to_numpy()[np.argmax(bad)]
-            raise ConfigError(f"request {rid!r}: {what}; check the per-request timestamps/lengths")
+            raise ConfigError(f"request {ids[np.argmax(bad)]!r}: {what}; "
+                              "check the per-request timestamps/lengths")
 
-    ttft = (first_t - arrival) / _NS_PER_MS
-    e2el = (finish_t - arrival) / _NS_PER_MS
-    multi = out_len > 1
-    tpot = (e2el[multi] - ttft[multi]) / (out_len[multi] - 1)
-    itl = _itl_ms(done["token_times_ns"]) if "token_times_ns" in done.columns else np.empty(0)
+    nan = np.full(len(finished), math.nan)
+    ttft = np.where(finished, (first - start) / _NS_PER_MS, nan)
+    e2el = np.where(finished, (finish - start) / _NS_PER_MS, nan)
+    multi = finished & (out_len > 1)
+    tpot = np.where(multi, (e2el - ttft) / np.maximum(out_len - 1, 1), nan)
+    itl = (_itl_gaps(requests_df["token_times_ns"], finished)
+           if "token_times_ns" in requests_df.columns else (np.empty(0),) * len(finished))
+    return RequestMetrics(
+        request_id=ids, finished=finished,
+        arrival_ns=requests_df["arrival_ns"].to_numpy(dtype=np.float64),
+        finish_ns=np.where(finished, finish, nan),
+        prompt_len=requests_df["prompt_len"].to_numpy(dtype=np.int64), output_len=out_len,
+        ttft_ms=ttft, tpot_ms=tpot, e2el_ms=e2el, itl_ms=itl,
+    )
 
+
+def benchmark_duration_s(pm: RequestMetrics, start_ns: float | None = None) -> float:
+    """``vllm bench serve``'s benchmark duration: from ``start_ns`` (default: the earliest
+    arrival) to the last completion; 0 when nothing completed."""
+    if not pm.finished.any():
+        return 0.0
+    start = float(pm.arrival_ns.min()) if start_ns is None else float(start_ns)
+    return (float(pm.finish_ns[pm.finished].max()) - start) / 1e9
+
+
+def run_metrics(pm: RequestMetrics, start_ns: float | None = None) -> dict[str, float]:
+    """The metric dict (keys ``METRIC_KEYS``) of one run's per-request latencies."""
     result: dict[str, float] = {}
-    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", e2el)):
-        for stat, value in summarize(values).items():
+    for name in LATENCY_METRICS:
+        for stat, value in summarize(pm.sample(name)).items():
             result[f"{name}_ms_{stat}"] = value
-
-    n = len(done)
-    if n:
-        start = float(requests_df["arrival_ns"].min()) if start_ns is None else float(start_ns)
-        duration_s = (float(finish_t.max()) - start) / 1e9
-    else:
-        duration_s = 0.0
+    done = pm.finished
+    n = int(done.sum())
+    duration_s = benchmark_duration_s(pm, start_ns)
+    out_tokens = float(pm.output_len[done].sum())
     if duration_s > 0:
         result["request_throughput"] = n / duration_s
-        result["output_throughput"] = float(out_len.sum()) / duration_s
-        result["total_token_throughput"] = float(out_len.sum() + prompt_len.sum()) / duration_s
+        result["output_throughput"] = out_tokens / duration_s
+        result["total_token_throughput"] = (out_tokens + float(pm.prompt_len[done].sum())
+                                            ) / duration_s
     else:
         result["request_throughput"] = result["output_throughput"] = math.nan
         result["total_token_throughput"] = math.nan
     result["completed"] = n
     result["duration_s"] = duration_s
     return result
+
+
+def compute_metrics(
+    requests_df: pd.DataFrame, start_ns: int | None = None, anchor: str = "arrival_ns"
+) -> dict[str, float]:
+    """The metric dict (keys ``METRIC_KEYS``) for one run: ``run_metrics(per_request(...))``.
+
+    Raises ``ConfigError`` as ``per_request`` does.
+    """
+    return run_metrics(per_request(requests_df, anchor), start_ns)
 
 
 def diff_pct(sim: float, ref: float) -> float:

@@ -100,66 +100,12 @@ class KVCapacity:
         )
 
 
-def validate_engine_config(config: EngineConfig) -> None:
-    u = config.gpu_memory_utilization
-    if not (0.0 < u <= 1.0):
-        hint = f"; did you mean {u / 100:.2f}?" if 1.0 < u <= 100.0 else ""
-        raise ConfigError(
-            f"gpu_memory_utilization={u} is outside (0, 1]: it is a fraction of device memory{hint}"
-        )
-    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-        v = getattr(config, name)
-        if not isinstance(v, int) or v <= 0:
-            raise ConfigError(f"{name}={v!r} must be a positive integer")
-    if config.max_num_batched_tokens < config.max_num_seqs:
-        raise ConfigError(
-            f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_num_seqs="
-            f"{config.max_num_seqs}; vLLM refuses this: raise max_num_batched_tokens or lower "
-            "max_num_seqs"
-        )
-    if config.long_prefill_token_threshold < 0:
-        raise ConfigError(
-            f"long_prefill_token_threshold={config.long_prefill_token_threshold} must be >= 0 "
-            "(0 disables it)"
-        )
-    for name in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size"):
-        v = getattr(config, name)
-        if not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{name}={v!r} must be an integer >= 1")
-    if config.step_overhead_us < 0:
-        raise ConfigError(f"step_overhead_us={config.step_overhead_us} must be >= 0")
-    if config.step_overhead_hidden_ms < 0:
-        raise ConfigError(
-            f"step_overhead_hidden_ms={config.step_overhead_hidden_ms} must be >= 0 "
-            "(0 = a constant per-step cost)"
-        )
-    if config.num_gpu_blocks_override is not None and config.num_gpu_blocks_override < 2:
-        raise ConfigError(
-            f"num_gpu_blocks_override={config.num_gpu_blocks_override} must be >= 2 "
-            "(block 0 is vLLM's null block)"
-        )
-
-
 def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) -> KVCapacity:
     """Blocks of KV cache one instance gets (``mem_size · mem_util − weights`` per rank)."""
-    validate_engine_config(config)
+    config.check_model(model)  # the settings' own range checks ran when it was built
     tp = config.tensor_parallel_size
     pp = config.pipeline_parallel_size
     ep = config.expert_parallel_size
-    if pp > model.num_layers:
-        raise ConfigError(
-            f"pipeline_parallel_size={pp} exceeds the {model.num_layers} layers of {model.name}"
-        )
-    if model.is_moe and model.num_experts % ep:
-        raise ConfigError(
-            f"expert_parallel_size={ep} does not divide the {model.num_experts} experts of "
-            f"{model.name}; use a divisor of {model.num_experts}"
-        )
-    if model.num_attention_heads % tp:
-        raise ConfigError(
-            f"tensor_parallel_size={tp} does not divide the {model.num_attention_heads} "
-            f"attention heads of {model.name}; use a divisor of {model.num_attention_heads}"
-        )
     kv_bytes = kv_dtype_bytes(model, config)
     kv_heads_rank = max(1, model.num_kv_heads // tp)
     page = 2 * config.block_size * kv_heads_rank * model.head_dim * kv_bytes

@@ -70,7 +70,6 @@ from profiles.bundle import (
 log = logging.getLogger(__name__)
 
 _MAX_CACHE = 1 << 20  # memo entries before the cache is reset
-_WARNED: set[str] = set()
 
 
 # ------------------------------------------------------------------------- interpolation primitives
@@ -542,16 +541,10 @@ class ProfiledLatencyModel:
         return v
 
     def check_engine(self, engine: EngineConfig) -> list[str]:
-        """Warn (once per message) when the engine's limits exceed the profiled range.
-
-        Lookups beyond it extrapolate linearly from the top two grid points. Returns the messages.
-        """
-        msgs = self.bundle.beyond_profiled_range(engine.max_num_batched_tokens, engine.max_num_seqs)
-        for msg in msgs:
-            if msg not in _WARNED:
-                _WARNED.add(msg)
-                log.warning("%s", msg)
-        return msgs
+        """Messages for engine limits beyond the profiled range (lookups there extrapolate
+        linearly from the top two grid points); the caller logs them (``sweep.job``: once
+        per point)."""
+        return self.bundle.beyond_profiled_range(engine.max_num_batched_tokens, engine.max_num_seqs)
 
     def cache_info(self) -> int:
         """Number of memoised shapes."""

@@ -8,31 +8,25 @@ vLLM: two sides that differ in one decision must be reported as diverging at tha
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks.fidelity.cases import (  # noqa: E402
+from engine.request import synthetic_output_ids
+from engine.workload import RequestSpec
+from fidelity.cases import (
     Case,
     data_dir,
     fast_cases,
     full_cases,
 )
-from benchmarks.fidelity.diff import Lane, run_case  # noqa: E402
-from benchmarks.fidelity.sides import (  # noqa: E402
+from fidelity.diff import Lane, run_case
+from fidelity.sides import (
     OursSide,
     SchedConfig,
     SchedRecord,
     vllm_available,
 )
-from engine.request import synthetic_output_ids  # noqa: E402
-from engine.workload import RequestSpec  # noqa: E402
 
 VLLM_OK, VLLM_WHY = vllm_available()
 needs_vllm = pytest.mark.skipif(
@@ -151,7 +145,7 @@ def _check(case: Case) -> None:
 
 
 def _vllm_side():
-    from benchmarks.fidelity.sides import VllmSide
+    from fidelity.sides import VllmSide
 
     return VllmSide
 

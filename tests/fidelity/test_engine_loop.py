@@ -1,6 +1,6 @@
 """The simulator's own engine loop makes the decisions the differential harness checks.
 
-``benchmarks.fidelity`` drives our ``Scheduler`` with vLLM's engine-core loop (``Lane``) and
+``fidelity`` drives our ``Scheduler`` with vLLM's engine-core loop (``Lane``) and
 shows it decides exactly what vLLM 0.19.1 decides. The simulator itself runs the scheduler
 from ``engine.instance.EngineUnit`` under ``engine.cluster.run_cluster``'s event clock. With
 every step lasting one tick and arrivals on tick boundaries, the two loops must schedule the
@@ -11,25 +11,19 @@ vLLM needed: this runs in the default CI.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks.fidelity.cases import fuzz_workload, repeats  # noqa: E402
-from benchmarks.fidelity.diff import Lane  # noqa: E402
-from benchmarks.fidelity.sides import OursSide, SchedConfig  # noqa: E402
-from engine.batch import BatchShape  # noqa: E402
-from engine.cluster import Router, run_cluster  # noqa: E402
-from engine.instance import EngineUnit, Member  # noqa: E402
-from engine.request import Request  # noqa: E402
-from engine.scheduler import ScheduledStep, Scheduler  # noqa: E402
-from engine.workload import RequestSpec  # noqa: E402
+from engine.batch import BatchShape
+from engine.cluster import Router, run_cluster
+from engine.instance import EngineUnit, Member
+from engine.request import Request
+from engine.scheduler import ScheduledStep, Scheduler
+from engine.workload import RequestSpec
+from fidelity.cases import fuzz_workload, repeats
+from fidelity.diff import Lane
+from fidelity.sides import OursSide, SchedConfig
 
 TICK = 30_000_000
 

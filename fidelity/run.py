@@ -1,6 +1,6 @@
 """Run the differential cases and write the report (``docs/fidelity.md``).
 
-    bash scripts/install_fidelity.sh && /work/venv-fidelity/bin/python -m benchmarks.fidelity.run
+    venv="$(bash scripts/install_fidelity.sh)" && "$venv/bin/python" -m fidelity.run
 
 Options: ``--cases full|fast|NAME[,NAME...]`` (default ``full``), ``--jobs N`` (cases run in
 parallel processes, default 2), ``--out PATH`` (default ``docs/fidelity.md``; ``-`` prints
@@ -20,9 +20,9 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks.fidelity.cases import REPO_ROOT, Case, fast_cases, full_cases
-from benchmarks.fidelity.diff import CaseResult, run_case
-from benchmarks.fidelity.sides import OursSide, VllmSide, vllm_available
+from fidelity.cases import REPO_ROOT, Case, fast_cases, full_cases
+from fidelity.diff import CaseResult, run_case
+from fidelity.sides import OursSide, VllmSide, vllm_available
 
 DEFAULT_OUT = REPO_ROOT / "docs" / "fidelity.md"
 
@@ -87,7 +87,7 @@ METHOD = """\
 ## Method
 
 Both schedulers get the same request stream, the same settings and the same fake model,
-and are stepped in lockstep by one driver (`benchmarks/fidelity/diff.py`):
+and are stepped in lockstep by one driver (`fidelity/diff.py`):
 
 - **vLLM side**: the unmodified `vllm==0.19.1` wheel: `Scheduler` (sync) or `AsyncScheduler`
   (async) over its `KVCacheManager`/`BlockPool`, built from a `VllmConfig` whose model folder
@@ -124,7 +124,7 @@ and are stepped in lockstep by one driver (`benchmarks/fidelity/diff.py`):
 - **Workloads**: the three `sharegpt-*-300-sps10` replays; `prefix` = `workload_me2_01_mixed`'s
   arrivals and clipped lengths with explicit ids: 6 shared system prompts (300–3000 tokens)
   and 40 multi-turn sessions (next prompt = previous prompt + reply + new user message), see
-  `benchmarks/fidelity/cases.py`.
+  `fidelity/cases.py`.
 """
 
 
@@ -190,22 +190,26 @@ def render(
     add("# Scheduler fidelity: step-for-step differential against vLLM 0.19.1")
     add("")
     add(
-        "Written by `benchmarks/fidelity/run.py` (issue 5). Reproduce with one command from the "
+        "Written by `fidelity/run.py` (issue 5). Reproduce with one command from the "
         "repository root:"
     )
     add("")
     add("```")
-    add(
-        "bash scripts/install_fidelity.sh && /work/venv-fidelity/bin/python -m "
-        "benchmarks.fidelity.run"
-    )
+    add('venv="$(bash scripts/install_fidelity.sh)" && "$venv/bin/python" -m fidelity.run')
     add("```")
     add("")
     add(
-        "The fast subset also runs under pytest (`tests/fidelity/test_differential.py`, "
-        "skipped when vLLM is not importable; `-m slow` adds the full set):"
+        "`scripts/install_fidelity.sh` builds the venv outside the checkout, at "
+        "`${FIDELITY_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/servesweep/venv-fidelity-0.19.1}` "
+        "(about 3.5 GB), reuses it while its stamp file matches the script's pins, installs "
+        "this checkout into it (editable) and prints its path."
     )
-    add("`/work/venv-fidelity/bin/python -m pytest tests/fidelity -m 'slow or not slow'`.")
+    add("")
+    add(
+        "The fast subset also runs under pytest (`tests/fidelity/test_differential.py`, "
+        "skipped when vLLM is not importable; `.ci/run` runs it), and `-m slow` adds the full set:"
+    )
+    add("`\"$venv/bin/python\" -m pytest -q -p no:cacheprovider tests/fidelity -m 'slow or not slow'`.")
     add("")
     add("## Last run")
     add("")

@@ -28,12 +28,12 @@ import random
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.fidelity.sides import SchedConfig
 from engine.request import synthetic_output_ids
 from engine.workload import RequestSpec
+from fidelity.sides import SchedConfig
 from workloads.jsonl import read_jsonl
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 LLAMA = "sharegpt-llama-3.1-8b-300-sps10.jsonl"
 QWEN32 = "sharegpt-qwen3-32b-300-sps10.jsonl"

@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from benchmarks.fidelity.sides import SchedConfig, SchedRecord, UpdateRecord
 from engine.workload import RequestSpec
+from fidelity.sides import SchedConfig, SchedRecord, UpdateRecord
 
 
 class Side(Protocol):

@@ -2,9 +2,10 @@
 run in which every request is served exactly as written.
 
 A valid JSONL trace is generated, then one line is damaged (truncated, a field deleted or
-given a wrong type, a negative or huge count, a zero-length prompt, a prompt longer than the
-model's context, an id list of the wrong length, arrivals out of order). ``read_jsonl``
-must raise ``WorkloadError`` citing ``<file>:<line>`` and the field, or return requests that
+given a wrong type, a negative or huge count or arrival, a zero-length prompt, a prompt
+longer than the model's context, an id list of the wrong length or with an out-of-range id,
+arrivals out of order). ``read_jsonl`` (half the time told ``max_model_len``) must raise
+``WorkloadError`` citing ``<file>:<line>`` and the field, or return requests that
 ``engine.simulate`` either refuses with a ``ConfigError`` naming the request and the limit
 or serves completely.
 """
@@ -29,7 +30,9 @@ HW = HardwareSpec("card", 96.0, 1000.0, 100.0, 200.0)
 MAX_LEN = 512
 CFG = EngineConfig(max_model_len=MAX_LEN, step_overhead_us=0.0, max_num_batched_tokens=512)
 FIELDS = ("input_toks", "output_toks", "arrival_time_ns", "input_tok_ids", "output_tok_ids")
-BAD_VALUES = ["x", None, True, 1.5, -1, 0, [], {}, [1, "a"], 10**12, "12", float("inf")]
+BAD_VALUES = ["x", None, True, 1.5, -1, 0, [], {}, [1, "a"], 10**12, "12", float("inf"),
+              float("nan"), 1e30, 10**30, -1e30, 2**63]
+BAD_IDS = [-1, 2**62, 10**30, -(2**63), 1.0, True, None, "7"]
 COUNTS = {"fuzzed": 0, "refused_by_reader": 0, "refused_by_engine": 0, "served": 0}
 
 
@@ -61,7 +64,7 @@ def traces(draw):
     victim = draw(st.integers(0, n - 1))
     kind = draw(st.sampled_from(
         ["truncate", "delete", "retype", "zero_prompt", "too_long", "ids_len", "unsorted",
-         "negative_arrival", "not_object", "agentic", "blank"]))
+         "negative_arrival", "not_object", "agentic", "blank", "bad_id"]))
     lines = [json.dumps(r) for r in rows]
     row = dict(rows[victim])
     field = draw(st.sampled_from(FIELDS))
@@ -96,21 +99,28 @@ def traces(draw):
     elif kind == "agentic":
         row["sub_requests"] = [{"input_toks": 3}]
         lines[victim] = json.dumps(row)
+    elif kind == "bad_id":
+        field = draw(st.sampled_from(["input_tok_ids", "output_tok_ids"]))
+        count = row["input_toks" if field == "input_tok_ids" else "output_toks"]
+        ids = list(range(3, 3 + count))
+        ids[draw(st.integers(0, count - 1))] = draw(st.sampled_from(BAD_IDS))
+        row[field] = ids
+        lines[victim] = json.dumps(row)
     else:  # blank line: skipped, per the format
         lines[victim] = "   "
-    return kind, field, victim + 1, "\n".join(lines) + "\n"
+    return kind, field, victim + 1, "\n".join(lines) + "\n", draw(st.booleans())
 
 
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(traces())
 def test_damaged_trace_is_refused_with_file_line_field_or_served(tmp_path, case):
-    kind, field, lineno, text = case
+    kind, field, lineno, text, tell_len = case
     path = tmp_path / "trace.jsonl"
     path.write_text(text)
     COUNTS["fuzzed"] += 1
     try:
-        requests = read_jsonl(path)
+        requests = read_jsonl(path, max_model_len=MAX_LEN if tell_len else None)
     except WorkloadError as err:
         msg = str(err)
         COUNTS["refused_by_reader"] += 1
@@ -118,10 +128,13 @@ def test_damaged_trace_is_refused_with_file_line_field_or_served(tmp_path, case)
             assert f"{path}:" in msg or str(path) in msg
             return
         assert f"{path}:{lineno}:" in msg, (kind, field, msg)
-        if kind in ("delete", "retype"):
+        if kind in ("delete", "retype", "bad_id"):
             assert f"'{field}'" in msg, (kind, field, msg)
+        if kind == "too_long" and tell_len:
+            assert f"max_model_len={MAX_LEN}" in msg, msg
         return
     assert kind in ("delete", "retype", "unsorted", "too_long", "blank"), (kind, field, text)
+    assert not (kind == "too_long" and tell_len), "an over-long line passed the reader"
     arrivals = [r.arrival_ns for r in requests]
     assert arrivals == sorted(arrivals)  # documented: stably sorted by arrival
     assert all(r.prompt_len >= 1 and r.output_len >= 1 for r in requests)

@@ -12,18 +12,32 @@ to the nanosecond. ``rate = inf`` puts every arrival at 0 (vLLM's default burst)
 Input lengths, output lengths, prompt ids and prefix groups each use their own
 ``numpy.random.default_rng`` stream derived from the seed, so changing one length
 distribution moves neither the arrivals nor the other lengths.
+
+Every argument is range-checked, and the size of the workload against a token budget
+(:mod:`workloads.limits`) before any token id is drawn: the request count before the
+arrivals, the sampled lengths before the ids. Prompt ids are returned as ``array('q')``
+(8 bytes per id).
 """
 
 from __future__ import annotations
 
 import math
+from array import array
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 
 from engine.workload import RequestSpec
 from workloads.errors import WorkloadError
+from workloads.limits import (
+    MAX_TOKEN_ID,
+    MAX_TOKENS_PER_FIELD,
+    MAX_TOTAL_TOKENS,
+    check_budget_arg,
+    check_max_model_len_arg,
+)
 
 NS_PER_S = 1_000_000_000
 DEFAULT_VOCAB_SIZE = 32_000
@@ -69,6 +83,27 @@ class LengthDist:
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise WorkloadError(f"length distribution kind '{self.kind}': use one of {_KINDS}")
+        for name in ("value", "low", "high"):
+            v = getattr(self, name)
+            if isinstance(v, float) and v.is_integer():
+                v = int(v)
+                object.__setattr__(self, name, v)
+            if isinstance(v, bool) or not isinstance(v, Integral):
+                raise WorkloadError(f"length '{name}' must be an integer, got {v!r}")
+            if v > MAX_TOKENS_PER_FIELD:
+                raise WorkloadError(
+                    f"length '{name}' is {v}, above {MAX_TOKENS_PER_FIELD}: no model serves a "
+                    "request this long; lower it"
+                )
+        for name in ("mean", "sigma"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v):
+                raise WorkloadError(f"length '{name}' must be a finite number, got {v!r}")
+        if self.mean > MAX_TOKENS_PER_FIELD:
+            raise WorkloadError(
+                f"lognormal mean {self.mean} is above {MAX_TOKENS_PER_FIELD} tokens: no model "
+                "serves a request this long; lower it"
+            )
         if self.kind == "fixed" and self.value < 1:
             raise WorkloadError(f"fixed length value must be >= 1, got {self.value}")
         if self.low < 1:
@@ -108,6 +143,14 @@ class LengthDist:
             return cls(**data)
         raise WorkloadError(f"{role}: expected an int, a kind name or a mapping, got {spec!r}")
 
+    def min_len(self, role: str) -> int:
+        """The shortest length ``sample`` can return (``role`` as in ``sample``)."""
+        if self.kind == "fixed":
+            return self.value
+        if self.kind == "sharegpt":
+            return (SHAREGPT_INPUT if role == "input" else SHAREGPT_OUTPUT)["min"]
+        return self.low
+
     def sample(self, rng: np.random.Generator, n: int, role: str) -> np.ndarray:
         """``n`` lengths as int64; ``role`` ('input' / 'output') selects the ShareGPT fit."""
         if self.kind == "fixed":
@@ -121,7 +164,13 @@ class LengthDist:
             fit = SHAREGPT_INPUT if role == "input" else SHAREGPT_OUTPUT
             mu, sigma, low, high = fit["log_mu"], fit["log_sigma"], fit["min"], fit["max"]
         raw = np.clip(np.rint(rng.lognormal(mu, sigma, n)), low, high)
-        return np.minimum(raw, 1 << 40).astype(np.int64)
+        out = np.minimum(raw, 1 << 40).astype(np.int64)
+        if n and int(out.max()) > MAX_TOKENS_PER_FIELD:
+            raise WorkloadError(
+                f"{role}_len: the lognormal draws a length of {int(out.max())} tokens, above "
+                f"{MAX_TOKENS_PER_FIELD}; set 'high' to clip it, or lower mean / sigma"
+            )
+        return out
 
 
 def _arrivals(
@@ -155,6 +204,21 @@ def _arrivals(
     return out[out <= horizon]
 
 
+def _number(name: str, value: Any, allow_inf: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
+        raise WorkloadError(f"synthetic: {name} must be a number, got {value!r}")
+    if not value > 0 or (math.isinf(value) and not allow_inf):
+        what = "> 0 (inf: every arrival at t = 0)" if allow_inf else "finite and > 0"
+        raise WorkloadError(f"synthetic: {name} must be {what}, got {value!r}")
+    return float(value)
+
+
+def _integer(name: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or not low <= value <= high:
+        raise WorkloadError(f"synthetic: {name} must be an int in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
 def synthetic(
     rate: float,
     num_requests: int | None = None,
@@ -167,6 +231,9 @@ def synthetic(
     num_prefix_groups: int = 1,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     id_prefix: str = "",
+    *,
+    max_model_len: int | None = None,
+    max_total_tokens: int | None = None,
 ) -> list[RequestSpec]:
     """A deterministic synthetic workload, sorted by arrival.
 
@@ -176,28 +243,54 @@ def synthetic(
     ``num_prefix_groups`` groups (uniformly at random) and its prompt starts with that
     group's first ``min(prompt_len, shared_prefix_len)`` ids, the rest being its own.
     ``output_ids`` are left ``None`` (the engine generates unique ones).
+
+    ``max_model_len``: when given, a request whose input + output length exceeds it is
+    refused (vLLM rejects it). ``max_total_tokens``: the token budget (prompt + output over
+    all requests; default ``workloads.limits.MAX_TOTAL_TOKENS``), checked before any id is
+    drawn.
     """
+    check_max_model_len_arg(max_model_len, "synthetic")
+    check_budget_arg(max_total_tokens, "synthetic")
+    budget = MAX_TOTAL_TOKENS if max_total_tokens is None else max_total_tokens
+    raise_hint = "or pass synthetic(..., max_total_tokens=N) if the run really needs that many"
     if (num_requests is None) == (duration_s is None):
         raise WorkloadError("synthetic: give exactly one of num_requests or duration_s")
-    if num_requests is not None and (type(num_requests) is not int or num_requests < 1):
-        raise WorkloadError(f"synthetic: num_requests must be an int >= 1, got {num_requests!r}")
-    if duration_s is not None and not duration_s > 0:
-        raise WorkloadError(f"synthetic: duration_s must be > 0, got {duration_s!r}")
-    if not rate > 0:
-        raise WorkloadError(f"synthetic: rate (req/s) must be > 0, got {rate!r}")
-    if not burstiness > 0:
-        raise WorkloadError(f"synthetic: burstiness must be > 0, got {burstiness!r}")
-    if shared_prefix_len < 0 or num_prefix_groups < 1:
-        raise WorkloadError(
-            "synthetic: shared_prefix_len must be >= 0 and num_prefix_groups >= 1, got "
-            f"{shared_prefix_len} / {num_prefix_groups}"
-        )
-    if vocab_size < 2:
-        raise WorkloadError(f"synthetic: vocab_size must be >= 2, got {vocab_size}")
     in_dist = LengthDist.parse(input_len, "input_len")
     out_dist = LengthDist.parse(output_len, "output_len")
+    # The most requests the budget can hold, each at its shortest.
+    max_requests = max(1, budget // (in_dist.min_len("input") + out_dist.min_len("output")))
+    rate = _number("rate (req/s)", rate, allow_inf=True)
+    if num_requests is not None:
+        if isinstance(num_requests, Integral) and num_requests > max_requests >= 1:
+            raise WorkloadError(
+                f"synthetic: num_requests={num_requests} cannot fit the token budget {budget} "
+                f"(at most {max_requests} requests of the shortest lengths drawn); use fewer "
+                f"requests, {raise_hint}"
+            )
+        num_requests = _integer("num_requests", num_requests, 1, max_requests)
+    if duration_s is not None:
+        duration_s = _number("duration_s", duration_s)
+        if math.isinf(rate):
+            raise WorkloadError("rate=inf needs num_requests (a duration makes no sense)")
+        if rate * duration_s > max_requests:
+            raise WorkloadError(
+                f"synthetic: rate x duration_s = {rate * duration_s:.4g} expected requests "
+                f"cannot fit the token budget {budget} (at most {max_requests} requests of the "
+                f"shortest lengths drawn); lower the rate or the duration, {raise_hint}"
+            )
+    burstiness = _number("burstiness", burstiness)
+    seed = _integer("seed", seed, 0, 2**32 - 1)
+    shared_prefix_len = _integer("shared_prefix_len", shared_prefix_len, 0, MAX_TOKENS_PER_FIELD)
+    num_prefix_groups = _integer("num_prefix_groups", num_prefix_groups, 1, budget)
+    if shared_prefix_len * num_prefix_groups > budget:
+        raise WorkloadError(
+            f"synthetic: {num_prefix_groups} prefix groups x shared_prefix_len "
+            f"{shared_prefix_len} = {shared_prefix_len * num_prefix_groups} ids, above the "
+            f"token budget {budget}; use fewer groups or shorter prefixes"
+        )
+    vocab_size = _integer("vocab_size", vocab_size, 2, MAX_TOKEN_ID + 1)
 
-    arrivals = _arrivals(float(rate), float(burstiness), seed, num_requests, duration_s)
+    arrivals = _arrivals(rate, burstiness, seed, num_requests, duration_s)
     n = len(arrivals)
     if n == 0:
         raise WorkloadError(
@@ -207,17 +300,31 @@ def synthetic(
     in_rng, out_rng, ids_rng, group_rng = (np.random.default_rng([seed, k]) for k in range(1, 5))
     in_lens = in_dist.sample(in_rng, n, "input")
     out_lens = out_dist.sample(out_rng, n, "output")
-
-    flat = ids_rng.integers(0, vocab_size, size=int(in_lens.sum()), dtype=np.int64).tolist()
-    prefixes: list[list[int]] = []
-    groups: list[int] = []
-    if shared_prefix_len > 0:
-        prefixes = (
-            ids_rng.integers(0, vocab_size, size=(num_prefix_groups, shared_prefix_len))
-            .astype(np.int64)
-            .tolist()
+    if max_model_len is not None:
+        over = np.flatnonzero(in_lens + out_lens > max_model_len)
+        if len(over):
+            i = int(over[0])
+            raise WorkloadError(
+                f"synthetic: request {i} draws {int(in_lens[i])} input + {int(out_lens[i])} "
+                f"output tokens > max_model_len={max_model_len} ({len(over)} of {n} requests "
+                "do; vLLM rejects them); clip input_len / output_len below it or raise "
+                "max_model_len"
+            )
+    total = int(in_lens.sum()) + int(out_lens.sum())
+    if total > budget:
+        raise WorkloadError(
+            f"synthetic: {n} requests draw {total} tokens (input + output), above the token "
+            f"budget {budget}; use fewer requests or shorter lengths, {raise_hint}"
         )
-        groups = group_rng.integers(0, num_prefix_groups, size=n).tolist()
+
+    flat = ids_rng.integers(0, vocab_size, size=int(in_lens.sum()), dtype=np.int64)
+    prefixes: np.ndarray | None = None
+    groups: np.ndarray | None = None
+    if shared_prefix_len > 0:
+        prefixes = ids_rng.integers(
+            0, vocab_size, size=(num_prefix_groups, shared_prefix_len)
+        ).astype(np.int64)
+        groups = group_rng.integers(0, num_prefix_groups, size=n)
 
     out: list[RequestSpec] = []
     pos = 0
@@ -225,10 +332,13 @@ def synthetic(
         length = int(in_lens[i])
         prompt = flat[pos : pos + length]
         pos += length
-        if prefixes:
+        if prefixes is not None and groups is not None:
             k = min(length, shared_prefix_len)
-            prompt[:k] = prefixes[groups[i]][:k]
+            prompt = prompt.copy()
+            prompt[:k] = prefixes[groups[i], :k]
         out.append(
-            RequestSpec(f"{id_prefix}{i}", int(arrivals[i]), tuple(prompt), int(out_lens[i]))
+            RequestSpec(
+                f"{id_prefix}{i}", int(arrivals[i]), array("q", prompt.tobytes()), int(out_lens[i])
+            )
         )
     return out

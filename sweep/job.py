@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import math
 import time
 from functools import cache, lru_cache
@@ -22,7 +23,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from analysis.metrics import compute_metrics
-from engine import EngineConfig, HardwareSpec, ModelSpec, RequestSpec
+from engine import HardwareSpec, ModelSpec, RequestSpec
 from engine.batch import LatencyModel
 from engine.simulate import simulate_cluster
 from engine.specs import GIB
@@ -31,24 +32,12 @@ from profiles.catalog import load_hardware, load_model
 from profiles.parallel import latency_for_instance
 from profiles.roofline import ensure_bundle
 from sweep.cluster import PointCluster, build_point_cluster, gpus_per_point
+from sweep.settings import engine_config
 from sweep.validate import check_config, length_dist, resolve_path
 from workloads import read_jsonl, synthetic
 
 NS_PER_MS = 1_000_000
-ENGINE_KEYS = (
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "block_size",
-    "gpu_memory_utilization",
-    "enable_prefix_caching",
-    "reserve_full_isl",
-    "long_prefill_token_threshold",
-    "max_model_len",
-    "kv_cache_dtype",
-    "tensor_parallel_size",
-    "num_gpu_blocks_override",
-    "async_scheduling",
-)
+log = logging.getLogger(__name__)
 
 
 @cache
@@ -96,8 +85,20 @@ def point_cluster(cluster_key: str, hardware: str, model: str, bundle_key: tuple
     """The engine instances of one cluster shape (cached: latency memos stay warm)."""
     cl = OmegaConf.create(json.loads(cluster_key))
     hw, spec = hardware_spec(hardware), model_spec(model)
-    engine = EngineConfig(**{key: cl[key] for key in ENGINE_KEYS})
-    return build_point_cluster(cl, spec, hw, engine, profile_bundle(*bundle_key))
+    return build_point_cluster(cl, spec, hw, engine_config(cl), profile_bundle(*bundle_key))
+
+
+def warn_beyond_profiled_range(pc: PointCluster) -> list[str]:
+    """Log, once for the point, each engine limit above what its profile bundle covers
+    (step prices there are extrapolated: ``check_engine`` of the latency model)."""
+    msgs: list[str] = []
+    for inst in pc.instances:
+        for msg in inst.latency.check_engine(inst.config):
+            if msg not in msgs:
+                msgs.append(msg)
+    for msg in msgs:
+        log.warning("%s", msg)
+    return msgs
 
 
 @lru_cache(maxsize=8)
@@ -129,10 +130,6 @@ def build_workload(cfg: DictConfig, model: ModelSpec) -> tuple[RequestSpec, ...]
         "vocab_size": model.vocab_size,
     }
     return _synthetic(json.dumps(args, sort_keys=True))
-
-
-def engine_config(cfg: DictConfig) -> EngineConfig:
-    return EngineConfig(**{key: cfg.cluster[key] for key in ENGINE_KEYS})
 
 
 def goodput(requests: pd.DataFrame, slo: DictConfig, duration_s: float) -> dict[str, float]:
@@ -220,6 +217,7 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     )
     cluster_key = json.dumps(OmegaConf.to_container(cfg.cluster, resolve=True), sort_keys=True)
     pc = point_cluster(cluster_key, hw.name, model.name, bundle_key)
+    warn_beyond_profiled_range(pc)
     workload = build_workload(cfg, model)
     result = simulate_cluster(
         pc.instances, workload, router=pc.router, kv_transfer_ns=pc.kv_transfer_ns,

@@ -3,17 +3,20 @@
 ``conf/config.yaml`` lists ``base_config`` first in its defaults, so every group file
 (``hardware/``, ``model/``, ``cluster/``, ``workload/``) is merged into these dataclasses
 and a misspelt key or a wrongly typed value fails at composition time, naming the key.
-Value ranges and cross-field rules (catalog names, TP vs heads) are checked by
-``sweep.validate``.
+The engine settings of ``cluster`` are generated from ``engine.specs.EngineConfig`` (one
+default each); their ranges are checked by ``EngineConfig`` itself (``sweep.settings``), the
+other values and cross-field rules (catalog names, cluster shape) by ``sweep.validate``.
 """
 
 # No `from __future__ import annotations`: OmegaConf reads these annotations at runtime.
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
+
+from engine.specs import EngineConfig
 
 
 @dataclass
@@ -47,29 +50,47 @@ class ModelConf:
 
 
 @dataclass
-class ClusterConf:
-    """Serving cluster shape and vLLM engine knobs (per instance); see ``sweep.cluster``."""
+class DeploymentConf:
+    """The deployment part of the ``cluster`` group: replicas, DP, router, P/D, prefix tier
+    (see ``sweep.cluster``)."""
 
     num_instances: int = 1  # replicas behind the router
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
     data_parallel_size: int = 1  # MoE: one lock-step DP group per replica; dense: replicas
-    expert_parallel_size: int = 1  # 1 or tensor_parallel_size x data_parallel_size (MoE)
     router: str = "least_loaded"  # round_robin, least_loaded, random, prefix_aware
     pd_disaggregation: bool = False  # prefill/decode roles
     num_prefill_instances: int = 0  # with pd_disaggregation: the first N replicas prefill
     prefix_storage: str = "none"  # prefix-cache tier below the NPU: none, cpu, cxl
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
-    kv_cache_dtype: str = "auto"
-    enable_prefix_caching: bool = True
-    reserve_full_isl: bool = True
-    long_prefill_token_threshold: int = 0
-    max_model_len: int | None = None
-    num_gpu_blocks_override: int | None = None
-    async_scheduling: bool = True
+
+
+# EngineConfig fields that are not keys of the cluster group: the simulator's host-overhead
+# calibration (docs/validation.md), free-form extras, and chunked prefill (always on in the
+# sweeps so far). A new key changes every point's config hash (sweep.config_hash), so a resumed
+# sweep would re-run its finished points: add one together with a HASH_VERSION bump.
+NOT_CLUSTER_KEYS = ("enable_chunked_prefill", "step_overhead_us", "step_overhead_hidden_ms",
+                    "extra")
+
+
+def _engine_fields() -> list[tuple[str, Any, Any]]:
+    """``(name, type, field)`` of every ``EngineConfig`` setting the cluster group exposes,
+    with ``EngineConfig``'s own default (its one definition)."""
+    hints = get_type_hints(EngineConfig)
+    return [
+        (f.name, hints[f.name], field(default=f.default))
+        for f in fields(EngineConfig)
+        if f.name not in NOT_CLUSTER_KEYS
+    ]
+
+
+# The serving cluster of a point: the deployment fields above plus the engine settings of each
+# instance, generated from engine.specs.EngineConfig (vLLM's names and defaults, one each), so
+# conf/cluster/*.yaml set only what differs. ``sweep.settings.engine_config`` converts back.
+ClusterConf = make_dataclass("ClusterConf", _engine_fields(), bases=(DeploymentConf,))
+ClusterConf.__module__ = __name__
+ClusterConf.__doc__ = (
+    "Serving cluster shape (DeploymentConf) and the vLLM engine settings of each instance "
+    "(engine.specs.EngineConfig's fields and defaults)."
+)
+CLUSTER_ENGINE_KEYS = tuple(name for name, _, _ in _engine_fields())
 
 
 @dataclass

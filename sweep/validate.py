@@ -2,7 +2,8 @@
 
 ``check_config`` runs in the driver on every job config before Ray or MLflow start (the
 launcher's ``validator`` hook) and again at the start of each job. The first problem
-raises one ``ConfigError`` naming the key, the bad value and what is allowed.
+raises one ``ConfigError`` naming the key, the bad value and what is allowed. The engine
+settings' ranges are ``engine.specs.EngineConfig``'s own (``sweep.settings`` converts).
 """
 
 from __future__ import annotations
@@ -13,18 +14,17 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from engine.cluster import ROUTER_POLICIES
 from engine.specs import ConfigError
 from profiles.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases
 from sweep.cluster import check_shape
+from sweep.settings import engine_config
 from workloads import LengthDist, WorkloadError
 
 BUNDLE_SOURCES = ("roofline", "dir")
-KV_CACHE_DTYPES = ("auto", "fp8")
 WORKLOAD_KINDS = ("synthetic", "trace")
 ARRIVALS = ("poisson", "gamma")
 SEED_LIMIT = 2**32  # numpy's legacy RandomState (Poisson arrivals) takes 32-bit seeds
-# Cluster-shape fields that later work implements: the default is the only value accepted.
-ROUTERS = ("round_robin", "least_loaded", "random", "prefix_aware")
 
 
 def resolve_path(path: str) -> Path:
@@ -74,43 +74,14 @@ def check_hardware(cfg: DictConfig) -> None:
 
 
 def check_cluster(cfg: DictConfig) -> None:
+    """The deployment (router, shape vs the model), then the engine settings: converted once
+    to ``EngineConfig``, which checks every value (``sweep.settings``)."""
     cl = cfg.cluster
-    if cl.router not in ROUTERS:
-        raise _fail("cluster.router", cl.router, f"one of {list(ROUTERS)}")
+    if cl.router not in ROUTER_POLICIES:
+        raise _fail("cluster.router", cl.router, f"one of {list(ROUTER_POLICIES)}")
     model = load_model(cfg.model.name)
     check_shape(cl, model)
-    tp = cl.tensor_parallel_size
-    heads = model.num_attention_heads
-    if tp < 1 or heads % tp:
-        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-        raise _fail(
-            "cluster.tensor_parallel_size",
-            tp,
-            f"a divisor of the {heads} attention heads of {model.name}: {divisors}",
-        )
-    mem = cl.gpu_memory_utilization
-    if not 0 < mem <= 1:
-        raise _fail("cluster.gpu_memory_utilization", mem, "0 < value <= 1")
-    for key in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-        _positive(f"cluster.{key}", cl[key], integer=True)
-    if cl.max_num_batched_tokens < cl.max_num_seqs:
-        raise _fail(
-            "cluster.max_num_batched_tokens",
-            cl.max_num_batched_tokens,
-            f"a value >= cluster.max_num_seqs ({cl.max_num_seqs}), as vLLM requires",
-        )
-    if cl.kv_cache_dtype not in KV_CACHE_DTYPES:
-        raise _fail("cluster.kv_cache_dtype", cl.kv_cache_dtype, f"one of {list(KV_CACHE_DTYPES)}")
-    if cl.long_prefill_token_threshold < 0:
-        raise _fail("cluster.long_prefill_token_threshold", cl.long_prefill_token_threshold, ">= 0")
-    if cl.max_model_len is not None and not 1 <= cl.max_model_len <= model.max_position_embeddings:
-        raise _fail(
-            "cluster.max_model_len",
-            cl.max_model_len,
-            f"null or 1..{model.max_position_embeddings} (the model's context length)",
-        )
-    _positive("cluster.num_gpu_blocks_override", cl.num_gpu_blocks_override,
-              allow_none=True, integer=True)
+    engine_config(cl, model)
 
 
 def check_workload(cfg: DictConfig) -> None:

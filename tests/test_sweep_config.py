@@ -124,6 +124,10 @@ def test_mem_util_grid_shape():
         ("cluster.gpu_memory_utilization=1.2", "cluster.gpu_memory_utilization", "0 < value <= 1"),
         ("cluster.kv_cache_dtype=int3", "cluster.kv_cache_dtype", "fp8"),
         ("cluster.max_num_batched_tokens=16", "cluster.max_num_batched_tokens", ">= cluster.max_num_seqs"),
+        ("cluster.block_size=7", "cluster.block_size", "[1, 8, 16, 32, 64, 128, 256]"),
+        ("cluster.num_gpu_blocks_override=1", "cluster.num_gpu_blocks_override", ">= 2"),
+        ("cluster.max_model_len=1000000", "cluster.max_model_len", "1..131072"),
+        ("cluster.gpu_memory_utilization=90", "cluster.gpu_memory_utilization", "did you mean 0.90"),
         ("hardware.bundle.source=magic", "hardware.bundle.source", "roofline"),
         ("workload.kind=replay", "workload.kind", "trace"),
         ("workload.arrival=uniform", "workload.arrival", "gamma"),
@@ -181,6 +185,36 @@ def test_cluster_shapes_validate(overrides):
 def test_bad_cluster_shapes_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         check_config(compose_cfg(*overrides))
+
+
+def test_cluster_engine_settings_are_engine_configs_with_its_defaults():
+    # one definition: the cluster schema's engine keys and defaults are EngineConfig's own
+    from dataclasses import fields
+
+    from engine.specs import EngineConfig
+    from sweep.schema import CLUSTER_ENGINE_KEYS, NOT_CLUSTER_KEYS, ClusterConf
+    from sweep.settings import engine_config
+
+    engine = {f.name: f for f in fields(EngineConfig)}
+    schema = {f.name: f for f in fields(ClusterConf)}
+    assert set(CLUSTER_ENGINE_KEYS) == set(engine) - set(NOT_CLUSTER_KEYS)
+    for key in CLUSTER_ENGINE_KEYS:
+        assert schema[key].default == engine[key].default, key
+    assert engine_config(compose_cfg().cluster) == EngineConfig()
+    cfg = compose_cfg("cluster=tp2", "cluster.block_size=32", "cluster.max_num_seqs=64")
+    assert engine_config(cfg.cluster) == EngineConfig(tensor_parallel_size=2, block_size=32,
+                                                      max_num_seqs=64)
+
+
+@pytest.mark.parametrize("path", sorted((CONF / "cluster").glob("*.yaml")), ids=lambda p: p.stem)
+def test_cluster_files_set_only_what_differs_from_the_schema(path):
+    from sweep.schema import ClusterConf
+
+    defaults = OmegaConf.structured(ClusterConf)
+    data = OmegaConf.to_container(OmegaConf.load(path)) or {}
+    assert "defaults" not in data
+    for key, value in data.items():
+        assert key in defaults and defaults[key] != value, f"{path.name}: {key}: {value}"
 
 
 def test_schema_rejects_unknown_keys_and_bad_types_at_composition():

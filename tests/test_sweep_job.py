@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -86,6 +87,25 @@ def test_caches_stay_warm_across_points(small_cfg, small_result):
     after = job.profile_bundle.cache_info()
     assert after.hits == before.hits + 1 and after.misses == before.misses
     assert result["metrics"]["kv_num_blocks"] < small_result["metrics"]["kv_num_blocks"]
+
+
+def test_limits_beyond_the_profiled_range_are_logged_once_per_point(small_cfg, caplog):
+    # the roofline bundle is generated for max_num_batched_tokens <= 2048 (profiles.roofline_grid)
+    quick = {"workload": {"num_requests": 4, "input_len": 64, "output_len": 4}}
+    wide = OmegaConf.merge(small_cfg, quick, {"cluster": {
+        "max_num_batched_tokens": 4096, "num_instances": 2}})
+    for _ in range(2):  # a warm actor runs the next point with cached instances: warned again
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="sweep.job"):
+            job.run_point(wide)
+        warned = [r.getMessage() for r in caplog.records if r.name == "sweep.job"]
+        assert len(warned) == 1, warned  # one message for the point, not one per instance
+        assert "max_num_batched_tokens 4096 > profiled 2048" in warned[0]
+        assert "extrapolate" in warned[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sweep.job"):
+        job.run_point(OmegaConf.merge(small_cfg, quick))
+    assert not [r for r in caplog.records if r.name == "sweep.job"]
 
 
 def test_prefix_sharing_workload_hits_the_prefix_cache(small_cfg):

@@ -1,18 +1,35 @@
-"""Service-level objectives as config, checked on one run's per-request results.
+"""Service-level objectives: one object, ``SloSpec``, for sweeps, the capacity search and the
+capacity report, checked on one run's per-request latencies (``analysis.metrics.per_request``).
 
-An SLO is a set of bounds, each ``<metric>_ms_<stat>: <max ms>`` with ``metric`` one of
-``ttft``, ``tpot``, ``itl``, ``e2el`` and ``stat`` one of ``mean``, ``median`` or
-``p<q>`` for any percentile ``q`` in (0, 100] (``p99``, ``p50``, ``p99_9`` = 99.9),
-plus an optional goodput fraction: the share of requests that must meet every bound.
-Example: ``{ttft_ms_p99: 2000, tpot_ms_p99: 100}`` with ``goodput_fraction: 0.95``.
+The config is the ``slo:`` node of ``conf/config.yaml`` (experiments override it)::
 
-A run **meets** the SLO when every bound holds for the run's statistic (computed as in
-``analysis.metrics``: TTFT/TPOT/E2EL per request, ITL pooled over every token gap, linear
-percentile interpolation) and, when a goodput fraction is set, at least that fraction of
-requests are *good*. A request is good when its own TTFT, TPOT and E2EL are within their
-bounds and, for an ITL bound, its own ITL statistic (the same ``stat`` over its gaps) is too;
-a request that never finished is not good. **Goodput** is the good requests per second and
-their output tokens per second over the benchmark duration (first arrival to last finish).
+    slo:
+      bounds:              # run level: <metric>_ms_<stat>: the run's statistic <= this (ms)
+        ttft_ms_p99: 2000  # metric: ttft, tpot, itl, e2el; stat: mean, median, p<q>
+        tpot_ms_p99: 100   # (p99, p50, p99_9 = 99.9); null drops a bound
+      goodput:             # per request, as ``vllm bench serve --goodput ttft:2000 tpot:100``
+        ttft_ms: 2000
+        tpot_ms: 100
+        e2el_ms: null
+      goodput_fraction: null  # null, or the share of requests that must be good
+
+Statistics are those of ``analysis.metrics`` (TTFT/TPOT/E2EL of the finished requests, TPOT
+of multi-token ones, ITL pooled over every token gap; ``metrics.statistic``), so an observed
+``ttft_ms_p99`` here is the run's ``ttft_ms_p99`` metric, bit for bit.
+
+A request is **good** when it finished and its own TTFT, TPOT and E2E latency are within every
+``goodput`` bound, compared as ``vllm bench serve`` compares them (``calculate_metrics`` in
+``vllm/benchmarks/serve.py``: ``value <= bound``, the TPOT of a one-token request counting
+as 0); without any ``goodput`` bound every finished request is good. A run **meets** the SLO
+(``slo_met``) when every run-level bound holds, every request finished and, with a
+``goodput_fraction``, at least that share of all requests is good. **Goodput**
+(``goodput_rps``) is ``vllm bench serve``'s request goodput: good requests over the
+benchmark duration (first arrival to last completion). Cost per token counts the output
+tokens of the good requests (``analysis.cost``).
+
+Bounds are logged as params under their own names (``SloSpec.params``:
+``slo.ttft_ms_p99.bound``), the observed values as metrics under the metric names
+(``SloReport.metrics``: ``ttft_ms_p99``), beside ``slo_met``.
 """
 
 from __future__ import annotations
@@ -20,17 +37,27 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from analysis.metrics import (
+    LATENCY_METRICS,
+    RequestMetrics,
+    benchmark_duration_s,
+    per_request,
+    percentile_of,
+    statistic,
+)
 from engine.specs import ConfigError
 
-METRICS = ("ttft", "tpot", "itl", "e2el")
+METRICS = LATENCY_METRICS
+# The per-request bounds ``vllm bench serve --goodput`` accepts (ITL is not one of them).
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+CONFIG_KEYS = ("bounds", "goodput", "goodput_fraction")
 _KEY = re.compile(r"^(ttft|tpot|itl|e2el)_ms_(mean|median|p(\d+)(?:_(\d+))?)$")
-_NS_PER_MS = 1e6
 # Margins are log(observed / bound); ratios are clipped so that a run nobody served does
 # not produce an infinite margin the search could not interpolate.
 _RATIO_CLIP = (1e-3, 1e3)
@@ -38,7 +65,7 @@ _RATIO_CLIP = (1e-3, 1e3)
 
 @dataclass(frozen=True)
 class Bound:
-    """One bound: the run's ``stat`` of ``metric`` must be <= ``max_ms``."""
+    """One run-level bound: the run's ``stat`` of ``metric`` must be <= ``max_ms``."""
 
     metric: str
     stat: str
@@ -46,80 +73,129 @@ class Bound:
 
     @property
     def key(self) -> str:
+        """The metric name of the observed statistic (``ttft_ms_p99``)."""
         return f"{self.metric}_ms_{self.stat}"
 
-    def summarize(self, values: np.ndarray) -> float:
-        """This bound's statistic of ``values`` (NaN when empty)."""
-        if len(values) == 0:
-            return math.nan
-        if self.stat == "mean":
-            return float(np.mean(values))
-        return float(np.percentile(values, self.percentile))
+    @property
+    def param(self) -> str:
+        """The param name of the bound itself (``slo.ttft_ms_p99.bound``)."""
+        return f"slo.{self.key}.bound"
 
     @property
     def percentile(self) -> float:
         """The percentile of a ``median``/``p<q>`` bound (NaN for ``mean``)."""
-        if self.stat == "mean":
-            return math.nan
-        if self.stat == "median":
-            return 50.0
-        whole, _, frac = self.stat[1:].partition("_")
-        return float(f"{whole}.{frac}" if frac else whole)
+        return percentile_of(self.stat)
+
+    def observe(self, pm: RequestMetrics) -> float:
+        """This bound's statistic of the run (NaN when no request gives a sample)."""
+        return statistic(pm.sample(self.metric), self.stat)
 
 
 @dataclass(frozen=True)
 class SloSpec:
-    """The bounds of one SLO and the optional goodput fraction (``None``: not required)."""
+    """Run-level bounds, per-request goodput bounds (``{metric: max ms}``, metric in
+    ``GOODPUT_METRICS``) and the optional goodput fraction (``None``: not required)."""
 
     bounds: tuple[Bound, ...]
+    goodput: tuple[tuple[str, float], ...] = ()
     goodput_fraction: float | None = None
 
     @classmethod
     def parse(
         cls,
         bounds: Mapping[str, Any],
+        goodput: Mapping[str, Any] | None = None,
         goodput_fraction: float | None = None,
-        where: str = "capacity.slo",
+        where: str = "slo",
     ) -> SloSpec:
-        """Bounds from ``{"ttft_ms_p99": 2000, ...}``; ``where`` names the config key in errors."""
+        """The spec from plain data; ``where`` names the config node in error messages."""
         parsed = []
-        for key, value in bounds.items():
+        for key, value in (bounds or {}).items():
             if value is None:
                 continue
             match = _KEY.match(str(key))
             if match is None:
                 raise ConfigError(
-                    f"{where}.{key} is not an SLO bound; allowed: <metric>_ms_<stat> with "
-                    f"metric in {list(METRICS)} and stat mean, median or p<q> "
-                    "(p99, p50, p99_9 for 99.9), e.g. ttft_ms_p99: 2000"
+                    f"{where}.bounds.{key}={value!r} is not an SLO bound; allowed: "
+                    "<metric>_ms_<stat> "
+                    f"with metric in {list(METRICS)} and stat mean, median or p<q> "
+                    f"(p99, p50, p99_9 for 99.9), e.g. {where}.bounds.ttft_ms_p99=2000"
                 )
-            bound = Bound(match.group(1), match.group(2), _positive(f"{where}.{key}", value))
+            bound = Bound(match.group(1), match.group(2),
+                          _positive(f"{where}.bounds.{key}", value))
             if bound.stat != "mean" and not 0 < bound.percentile <= 100:
-                raise ConfigError(f"{where}.{key}: percentile {bound.percentile:g} is not in (0, 100]")
+                raise ConfigError(f"{where}.bounds.{key}={value!r}: percentile "
+                                  f"{bound.percentile:g} is not in (0, 100]; allowed: "
+                                  "p<q> with 0 < q <= 100")
             parsed.append(bound)
         if not parsed:
             raise ConfigError(
-                f"{where} has no bound; give at least one, e.g. {where}.ttft_ms_p99=2000"
+                f"{where}.bounds has no bound; give at least one, e.g. "
+                f"{where}.bounds.ttft_ms_p99=2000"
             )
-        if goodput_fraction is not None and not 0 < goodput_fraction <= 1:
+        per_request = []
+        for key, value in (goodput or {}).items():
+            metric = str(key).removesuffix("_ms")
+            if metric not in GOODPUT_METRICS or not str(key).endswith("_ms"):
+                raise ConfigError(
+                    f"{where}.goodput.{key}={value!r} is not a per-request bound; allowed: "
+                    f"{[f'{m}_ms' for m in GOODPUT_METRICS]} (vllm bench serve --goodput)"
+                )
+            if value is not None:
+                per_request.append((metric, _positive(f"{where}.goodput.{key}", value)))
+        if goodput_fraction is not None and not (
+            isinstance(goodput_fraction, int | float) and 0 < goodput_fraction <= 1
+        ):
             raise ConfigError(
-                f"capacity.goodput_fraction={goodput_fraction!r} is not allowed; "
+                f"{where}.goodput_fraction={goodput_fraction!r} is not allowed; "
                 "allowed: null or 0 < value <= 1"
             )
-        return cls(tuple(sorted(parsed, key=lambda b: b.key)), goodput_fraction)
+        return cls(tuple(sorted(parsed, key=lambda b: b.key)),
+                   tuple(sorted(per_request, key=lambda m: GOODPUT_METRICS.index(m[0]))),
+                   None if goodput_fraction is None else float(goodput_fraction))
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any] | Any, where: str = "slo") -> SloSpec:
+        """The spec of an ``slo:`` config node (a ``DictConfig`` or the plain dict of
+        ``as_dict``); unknown keys are refused by name."""
+        from omegaconf import DictConfig, OmegaConf
+
+        plain = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) \
+            else dict(node or {})
+        assert isinstance(plain, dict)
+        unknown = sorted(set(plain) - set(CONFIG_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}={plain[unknown[0]]!r} is not an SLO "
+                              f"setting; allowed: {list(CONFIG_KEYS)}")
+        return cls.parse(plain.get("bounds") or {}, plain.get("goodput") or {},
+                         plain.get("goodput_fraction"), where)
 
     def as_dict(self) -> dict[str, Any]:
-        """The spec as config-shaped plain data (``bounds`` and ``goodput_fraction``)."""
+        """The spec as config-shaped plain data (``from_config`` reads it back)."""
+        own = dict(self.goodput)
         return {
             "bounds": {b.key: b.max_ms for b in self.bounds},
+            "goodput": {f"{m}_ms": own.get(m) for m in GOODPUT_METRICS},
             "goodput_fraction": self.goodput_fraction,
         }
 
+    def params(self) -> dict[str, float]:
+        """The bounds as MLflow params, named apart from the observed metrics:
+        ``slo.ttft_ms_p99.bound``, ``slo.goodput.ttft_ms.bound``, ``slo.goodput_fraction.bound``."""
+        out = {b.param: b.max_ms for b in self.bounds}
+        out.update({f"slo.goodput.{m}_ms.bound": v for m, v in self.goodput})
+        if self.goodput_fraction is not None:
+            out["slo.goodput_fraction.bound"] = self.goodput_fraction
+        return out
+
     def describe(self) -> str:
         parts = [f"{b.metric.upper()} {b.stat} <= {b.max_ms:g} ms" for b in self.bounds]
+        if self.goodput:
+            good = ", ".join(f"{m.upper()} <= {v:g} ms" for m, v in self.goodput)
+            parts.append(f"good request: {good}")
         if self.goodput_fraction is not None:
-            parts.append(f">= {100 * self.goodput_fraction:g} % of requests meeting every bound")
-        return ", ".join(parts)
+            parts.append(f">= {100 * self.goodput_fraction:g} % of requests good")
+        return "; ".join(parts)
 
 
 def _positive(key: str, value: Any) -> float:
@@ -128,7 +204,8 @@ def _positive(key: str, value: Any) -> float:
     except (TypeError, ValueError):
         number = math.nan
     if not number > 0 or math.isinf(number):
-        raise ConfigError(f"{key}={value!r} is not allowed; allowed: a finite number of ms > 0")
+        raise ConfigError(f"{key}={value!r} is not allowed; allowed: a finite number of ms > 0 "
+                          "(null: no bound)")
     return number
 
 
@@ -139,7 +216,8 @@ class SloReport:
     ``observed`` maps each bound's key to the run's value; ``margin`` is the largest
     ``log(observed / allowed)`` over the bounds (and the goodput fraction): <= 0 iff the run
     meets the SLO, and growing with load. ``margins`` holds each bound's own log ratio (and
-    ``goodput_fraction``'s), which the capacity search interpolates one by one.
+    ``goodput_fraction``'s), which the capacity search interpolates one by one. ``good``
+    marks the good requests, row for row.
     """
 
     passed: bool
@@ -148,30 +226,18 @@ class SloReport:
     observed: dict[str, float]
     good_fraction: float
     goodput_rps: float
-    goodput_tok_s: float
+    good: np.ndarray = field(repr=False, compare=False, default_factory=lambda: np.empty(0, bool))
 
-
-def _request_values(df: pd.DataFrame) -> dict[str, Any]:
-    first = pd.to_numeric(df["first_token_ns"], errors="coerce").to_numpy(dtype=np.float64)
-    finish = pd.to_numeric(df["finish_ns"], errors="coerce").to_numpy(dtype=np.float64)
-    arrival = df["arrival_ns"].to_numpy(dtype=np.float64)
-    out_len = df["output_len"].to_numpy(dtype=np.int64)
-    done = (first >= 0) & (finish >= 0)
-    ttft = (first - arrival) / _NS_PER_MS
-    e2el = (finish - arrival) / _NS_PER_MS
-    steps = np.maximum(out_len - 1, 1)
-    tpot = np.where(out_len > 1, (e2el - ttft) / steps, 0.0)
-    if "token_times_ns" in df.columns:
-        gaps = [
-            np.diff(np.asarray(t, dtype=np.int64)) / _NS_PER_MS
-            if t is not None and not isinstance(t, float) and len(t) > 1
-            else np.empty(0)
-            for t in df["token_times_ns"]
-        ]
-    else:
-        gaps = [np.empty(0)] * len(df)
-    return {"done": done, "ttft": ttft, "tpot": tpot, "e2el": e2el, "itl": gaps,
-            "multi": out_len > 1, "out_len": out_len, "arrival": arrival, "finish": finish}
+    def metrics(self) -> dict[str, float]:
+        """The verdict as metrics: ``slo_met`` (1/0), ``slo_margin``, ``slo_attainment_pct``
+        (% of requests good), ``goodput_rps`` and the observed statistics by metric name."""
+        return {
+            "slo_met": 1.0 if self.passed else 0.0,
+            "slo_margin": self.margin,
+            "slo_attainment_pct": 100.0 * self.good_fraction,
+            "goodput_rps": self.goodput_rps,
+            **self.observed,
+        }
 
 
 def _ratio(observed: float, allowed: float) -> float:
@@ -180,42 +246,36 @@ def _ratio(observed: float, allowed: float) -> float:
     return min(max(observed / allowed, _RATIO_CLIP[0]), _RATIO_CLIP[1])
 
 
-def evaluate(requests: pd.DataFrame, spec: SloSpec) -> SloReport:
-    """Check one run's per-request frame (``engine`` ``requests_frame`` columns) against ``spec``."""
-    v = _request_values(requests)
-    done = v["done"]
-    good = done.copy()
+def good_requests(pm: RequestMetrics, spec: SloSpec) -> np.ndarray:
+    """The good requests (finished, within every per-request ``goodput`` bound)."""
+    good = pm.finished.copy()
+    for metric, max_ms in spec.goodput:
+        good &= np.nan_to_num(pm.goodput_value(metric), nan=math.inf) <= max_ms
+    return good
+
+
+def evaluate(requests: pd.DataFrame | RequestMetrics, spec: SloSpec) -> SloReport:
+    """Check one run (its per-request frame, or ``per_request`` of it) against ``spec``."""
+    pm = requests if isinstance(requests, RequestMetrics) else per_request(requests)
     observed: dict[str, float] = {}
     ratios: dict[str, float] = {}
     for b in spec.bounds:
-        if b.metric == "itl":
-            pooled = [g for g, ok in zip(v["itl"], done, strict=True) if ok and len(g)]
-            value = b.summarize(np.concatenate(pooled) if pooled else np.empty(0))
-            own = np.array([b.summarize(g) if len(g) else 0.0 for g in v["itl"]])
-        else:
-            mask = done & v["multi"] if b.metric == "tpot" else done
-            value = b.summarize(v[b.metric][mask])
-            own = v[b.metric]
-        observed[b.key] = value
-        ratios[b.key] = _ratio(value, b.max_ms)
-        good &= np.nan_to_num(own, nan=math.inf) <= b.max_ms
-    n = len(requests)
+        observed[b.key] = b.observe(pm)
+        ratios[b.key] = _ratio(observed[b.key], b.max_ms)
+    good = good_requests(pm, spec)
+    n = len(pm)
     fraction = float(good.sum()) / n if n else 0.0
-    passed = all(r <= 1.0 for r in ratios.values()) and bool(done.all())
+    passed = all(r <= 1.0 for r in ratios.values()) and bool(pm.finished.all())
     if spec.goodput_fraction is not None:
         need_bad = 1.0 - spec.goodput_fraction
         ratios["goodput_fraction"] = (
             _ratio(1.0 - fraction, need_bad) if need_bad > 0
             else (_RATIO_CLIP[0] if fraction >= 1.0 else _RATIO_CLIP[1]))
         passed = passed and fraction >= spec.goodput_fraction
-    if done.any():
-        duration_s = (float(v["finish"][done].max()) - float(v["arrival"].min())) / 1e9
-    else:
-        duration_s = 0.0
-    good_rps = float(good.sum()) / duration_s if duration_s > 0 else 0.0
-    good_tok = float(v["out_len"][good].sum()) / duration_s if duration_s > 0 else 0.0
+    duration_s = benchmark_duration_s(pm)
+    goodput_rps = float(good.sum()) / duration_s if duration_s > 0 else 0.0
     margins = {k: math.log(r) for k, r in ratios.items()}
     margin = max(margins.values())
     if not passed and margin <= 0:  # unfinished requests: a failure the bounds do not show
         margin = math.log(_RATIO_CLIP[1])
-    return SloReport(passed, margin, margins, observed, fraction, good_rps, good_tok)
+    return SloReport(passed, margin, margins, observed, fraction, goodput_rps, good)

@@ -1,8 +1,9 @@
 """Log a real vLLM run (a ground-truth directory) as an MLflow run beside the simulated ones.
 
-The run carries the same metric names as a simulated point (``analysis.metrics`` on the
-vLLM per-request records, goodput under the study's SLOs) and the same ``ts/*`` step
-metrics, so the MLflow UI can chart simulation and vLLM side by side.
+The run carries the same metric names as a simulated point (``analysis.answers`` on the
+vLLM per-request records: the metrics, the verdict and goodput under the study's ``slo``)
+and the same ``ts/*`` step metrics, so the MLflow UI can chart simulation and vLLM side by
+side. Cost is left out: the ground truth records no price.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from analysis.answers import point_answers
 from analysis.groundtruth import engine_settings, load_groundtruth
-from sweep.job import goodput
+from analysis.slo import SloSpec
 from sweep.validate import resolve_path
 
 # vLLM time-series columns -> the simulator's names.
@@ -26,17 +28,22 @@ SERIES = {
 
 
 def groundtruth_metrics(gt_dir: str, slo: DictConfig) -> tuple[Any, dict[str, float]]:
-    """The loaded ground truth and its metrics (analysis metrics + goodput)."""
+    """The loaded ground truth and its metrics (analysis metrics, SLO verdict, goodput)
+    under ``slo`` (the ``slo:`` config node)."""
+    gt, answers = _answers(gt_dir, slo)
+    return gt, answers.metrics
+
+
+def _answers(gt_dir: str, slo: DictConfig) -> tuple[Any, Any]:
     gt = load_groundtruth(resolve_path(gt_dir))
-    metrics = {k: float(v) for k, v in gt.metrics().items()}
-    metrics.update(goodput(gt.requests, slo, metrics["duration_s"]))
-    return gt, metrics
+    return gt, point_answers(gt.requests, SloSpec.from_config(slo))
 
 
 def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: str | None
                         ) -> tuple[str, dict[str, float]]:
     """Create the ``vllm-groundtruth`` run; return its id and metrics."""
-    gt, metrics = groundtruth_metrics(gt_dir, slo)
+    gt, answers = _answers(gt_dir, slo)
+    metrics = answers.metrics
     run_id = tracker.create_run(
         "vllm-groundtruth",
         tags={"source": "vllm", "groundtruth_dir": str(gt.path)},
@@ -44,6 +51,7 @@ def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: s
     )
     params = {f"vllm.{k}": v for k, v in engine_settings(gt).items()}
     params["groundtruth.dir"] = str(gt.path)
+    params.update(answers.params)  # the SLO bounds, named as in the simulated runs
     tracker.log_params(run_id, params)
     tracker.log_metrics(run_id, metrics)
     ts = gt.timeseries

@@ -13,16 +13,15 @@ import dataclasses
 import io
 import json
 import logging
-import math
 import time
 from functools import cache, lru_cache
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from analysis.metrics import compute_metrics
+from analysis.answers import point_answers
+from analysis.slo import SloSpec
 from engine import HardwareSpec, ModelSpec, RequestSpec
 from engine.batch import LatencyModel
 from engine.simulate import simulate_cluster
@@ -132,31 +131,6 @@ def build_workload(cfg: DictConfig, model: ModelSpec) -> tuple[RequestSpec, ...]
     return _synthetic(json.dumps(args, sort_keys=True))
 
 
-def goodput(requests: pd.DataFrame, slo: DictConfig, duration_s: float) -> dict[str, float]:
-    """Requests meeting every SLO bound (TTFT, TPOT, E2E latency in ms; null = no bound).
-
-    TPOT of a request is (finish - first token) / (output tokens - 1), 0 for one token.
-    ``goodput_rps`` divides the good requests by the benchmark duration.
-    """
-    ttft = (requests["first_token_ns"] - requests["arrival_ns"]) / NS_PER_MS
-    e2el = (requests["finish_ns"] - requests["arrival_ns"]) / NS_PER_MS
-    steps = (requests["output_len"] - 1).clip(lower=1)
-    tpot = np.where(
-        requests["output_len"] > 1,
-        (requests["finish_ns"] - requests["first_token_ns"]) / NS_PER_MS / steps,
-        0.0,
-    )
-    good = np.ones(len(requests), dtype=bool)
-    for bound, values in ((slo.ttft_ms, ttft), (slo.tpot_ms, tpot), (slo.e2el_ms, e2el)):
-        if bound is not None:
-            good &= np.asarray(values) <= bound
-    n_good = int(good.sum())
-    return {
-        "goodput_rps": n_good / duration_s if duration_s > 0 else 0.0,
-        "slo_attainment_pct": 100.0 * n_good / len(requests) if len(requests) else 0.0,
-    }
-
-
 def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
     ts = result.timeseries
     prompt_tokens = float(requests["prompt_len"].sum())
@@ -179,18 +153,13 @@ def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def _cost_metrics(cfg: DictConfig, hw: HardwareSpec, metrics: dict[str, float]) -> dict[str, float]:
+def deployment_usd_per_hour(cfg: DictConfig, hw: HardwareSpec) -> tuple[float, int]:
+    """``(USD per hour, GPUs)`` of the point's deployment: every GPU of the cluster shape at
+    ``hardware.cost_per_hour`` (default: the catalog price)."""
     price = cfg.hardware.cost_per_hour
     gpu_hour = hw.cost_per_hour if price is None else float(price)
     gpus = gpus_per_point(cfg.cluster)
-    usd_per_hour = gpu_hour * gpus
-    out_tok_hour = metrics["output_throughput"] * 3600.0
-    return {
-        "num_gpus": float(gpus),
-        "usd_per_hour": usd_per_hour,
-        "usd_per_m_output_tokens": usd_per_hour / out_tok_hour * 1e6 if out_tok_hour else math.inf,
-        "goodput_rps_per_gpu": metrics["goodput_rps"] / gpus,
-    }
+    return gpu_hour * gpus, gpus
 
 
 def _parquet_bytes(frame: pd.DataFrame) -> bytes:
@@ -200,11 +169,15 @@ def _parquet_bytes(frame: pd.DataFrame) -> bytes:
 
 
 def run_point(cfg: DictConfig) -> dict[str, Any]:
-    """Simulate one grid point; return ``{"metrics", "timeseries", "requests_parquet"}``.
+    """Simulate one grid point; return ``{"metrics", "params", "slo_margins", "timeseries",
+    "requests_parquet"}``.
 
-    ``metrics`` maps names to floats (analysis metrics, goodput, KV usage, preemptions,
-    prefix hit rate, simulated makespan, wall times, cost); ``timeseries`` maps the
-    per-second columns to lists; ``requests_parquet`` is the per-request frame as Parquet.
+    ``metrics`` maps names to floats: the answers of ``analysis.answers.point_answers``
+    (analysis metrics, the SLO verdict ``slo_met`` with the observed statistics, goodput,
+    cost) and the engine's (KV usage, preemptions, prefix hit rate, simulated makespan, wall
+    times); ``params`` are the SLO bounds as params (``slo.ttft_ms_p99.bound``);
+    ``slo_margins`` each bound's log(observed / bound); ``timeseries`` maps the per-second
+    columns to lists; ``requests_parquet`` is the per-request frame as Parquet.
     """
     t0 = time.perf_counter()
     check_config(cfg)
@@ -224,13 +197,15 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
         dp_pad=pc.dp_pad, seed=int(cfg.workload.seed),
     )
     requests = result.requests
-    metrics = {k: float(v) for k, v in compute_metrics(requests).items()}
-    metrics.update(goodput(requests, cfg.slo, metrics["duration_s"]))
+    usd_per_hour, gpus = deployment_usd_per_hour(cfg, hw)
+    answers = point_answers(requests, SloSpec.from_config(cfg.slo), usd_per_hour, gpus)
+    metrics = dict(answers.metrics)
     metrics.update(_engine_metrics(result, requests))
-    metrics.update(_cost_metrics(cfg, hw, metrics))
     metrics["job_wall_s"] = time.perf_counter() - t0
     return {
         "metrics": metrics,
+        "params": answers.params,
+        "slo_margins": answers.slo.margins,
         "timeseries": {c: result.timeseries[c].tolist() for c in result.timeseries.columns},
         "requests_parquet": _parquet_bytes(requests),
     }

@@ -121,12 +121,23 @@ class WorkloadConf:
 
 
 @dataclass
-class SloConf:
-    """Service-level objectives for goodput; ``null`` disables a bound."""
+class GoodputConf:
+    """Per-request SLO bounds (ms), as ``vllm bench serve --goodput``; ``null``: no bound."""
 
-    ttft_ms: float | None = 2000.0
-    tpot_ms: float | None = 100.0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
     e2el_ms: float | None = None
+
+
+@dataclass
+class SloConf:
+    """The study's SLO (``analysis.slo.SloSpec``; values in ``conf/config.yaml``): run-level
+    ``bounds`` (``<metric>_ms_<stat>: ms``), per-request ``goodput`` bounds and the optional
+    ``goodput_fraction``."""
+
+    bounds: dict[str, float | None] = field(default_factory=dict)
+    goodput: GoodputConf = field(default_factory=GoodputConf)
+    goodput_fraction: float | None = None
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from analysis.slo import SloSpec
 from engine.cluster import ROUTER_POLICIES
 from engine.specs import ConfigError
 from profiles.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases
@@ -131,8 +132,7 @@ def length_dist(wl: DictConfig, key: str) -> LengthDist:
 
 
 def check_rest(cfg: DictConfig) -> None:
-    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
-        _positive(f"slo.{key}", cfg.slo[key], allow_none=True, allow_inf=True)
+    SloSpec.from_config(cfg.slo)  # raises ConfigError naming the slo.* key
     if not str(cfg.study.name).strip():
         raise _fail("study.name", cfg.study.name, "a non-empty name (it names the MLflow experiment)")
     gt = cfg.groundtruth.dir

@@ -43,7 +43,7 @@ def test_hash_is_canonical():
 @pytest.mark.parametrize("override", [
     "workload.seed=1", "workload.rate=4.5", "workload.num_requests=201", "cluster.block_size=32",
     "cluster.gpu_memory_utilization=0.8", "cluster.async_scheduling=false", "hardware=a100_80g",
-    "model=qwen3_32b", "slo.ttft_ms=1000", "cluster.enable_prefix_caching=false",
+    "model=qwen3_32b", "slo.bounds.ttft_ms_p99=1000", "cluster.enable_prefix_caching=false",
     "workload.input_len=64", "hardware.bundle.variant=bf16-kvfp8",
 ])
 def test_every_simulated_value_changes_the_hash(override):

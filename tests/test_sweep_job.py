@@ -1,4 +1,4 @@
-"""One grid point without Ray: the job glue, goodput, the recorder and a single CLI run."""
+"""One grid point without Ray: the job glue, its answers, the recorder and a single CLI run."""
 
 from __future__ import annotations
 
@@ -42,21 +42,25 @@ def small_result(small_cfg):
     return job.run_point(small_cfg)
 
 
-def test_goodput_counts_requests_meeting_every_bound():
-    ms = 1_000_000
-    frame = pd.DataFrame({
-        "arrival_ns": [0, 0, 0, 0],
-        "first_token_ns": [100 * ms, 300 * ms, 100 * ms, 50 * ms],
-        "finish_ns": [1100 * ms, 1300 * ms, 5100 * ms, 50 * ms],
-        "output_len": [11, 11, 11, 1],
-    })
-    # TPOT: 100, 100, 500 ms; a one-token request has TPOT 0.
-    slo = OmegaConf.create({"ttft_ms": 200, "tpot_ms": 150, "e2el_ms": None})
-    out = job.goodput(frame, slo, duration_s=2.0)
-    assert out["slo_attainment_pct"] == 50.0  # requests 0 and 3
-    assert out["goodput_rps"] == 1.0
-    none = OmegaConf.create({"ttft_ms": None, "tpot_ms": None, "e2el_ms": 1000})
-    assert job.goodput(frame, none, duration_s=2.0)["slo_attainment_pct"] == 25.0
+def test_run_point_answers_come_from_the_one_ledger(small_cfg, small_result):
+    """Metrics, SLO verdict, goodput and cost of a point are ``analysis.answers`` of its
+    per-request frame under the config's ``slo``: recomputing them gives the same numbers."""
+    from analysis.answers import point_answers
+    from analysis.slo import SloSpec
+
+    m = small_result["metrics"]
+    requests = pd.read_parquet(io.BytesIO(small_result["requests_parquet"]))
+    again = point_answers(requests, SloSpec.from_config(small_cfg.slo), m["usd_per_hour"],
+                          int(m["num_gpus"]))
+    assert {k: m[k] for k in again.metrics} == again.metrics
+    assert small_result["params"] == {"slo.ttft_ms_p99.bound": 2000.0,
+                                      "slo.tpot_ms_p99.bound": 100.0,
+                                      "slo.goodput.ttft_ms.bound": 2000.0,
+                                      "slo.goodput.tpot_ms.bound": 100.0}
+    assert m["slo_met"] == 1.0 and m["ttft_ms_p99"] <= 2000
+    assert m["usd_per_m_output_tokens"] == pytest.approx(
+        m["usd_per_hour"] / (m["good_output_tok_s"] * 3600) * 1e6)
+    assert not any(k.startswith(("slo.", "slo_ttft", "slo_tpot")) for k in m)
 
 
 def test_run_point_returns_plain_metrics_series_and_requests(small_cfg, small_result):
@@ -178,12 +182,15 @@ def test_groundtruth_run_carries_the_simulators_metric_names(small_result, share
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker(uri, "gt")
     gt_dir = shared_data / "llmservingsim" / "groundtruth" / "RTXPRO6000" / "Llama-3.1-8B"
-    slo = OmegaConf.create({"ttft_ms": 2000, "tpot_ms": 100, "e2el_ms": None})
+    slo = OmegaConf.create({"bounds": {"ttft_ms_p99": 2000, "tpot_ms_p99": 100},
+                            "goodput": {"ttft_ms": 2000, "tpot_ms": 100}})
     run_id, metrics = log_groundtruth_run(tracker, str(gt_dir), slo, parent_id=None)
     run = MlflowClient(uri).get_run(run_id)
     assert run.data.tags["source"] == "vllm" and run.info.status == "FINISHED"
-    shared = {"ttft_ms_p99", "tpot_ms_p99", "e2el_ms_p99", "request_throughput", "goodput_rps"}
+    shared = {"ttft_ms_p99", "tpot_ms_p99", "e2el_ms_p99", "request_throughput", "goodput_rps",
+              "slo_met", "slo_attainment_pct"}
     assert shared <= set(run.data.metrics) and shared <= set(small_result["metrics"])
+    assert run.data.params["slo.ttft_ms_p99.bound"] == "2000.0"
     assert metrics["completed"] == 300
     history = MlflowClient(uri).get_metric_history(run_id, "ts/running")
     assert len(history) > 10

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from analysis.cost import usd_per_m_output_tokens
+
 STATUSES = ("converged", "capped", "infeasible", "unbounded", "max_probes", "failed")
 
 
@@ -264,7 +266,7 @@ def _clamp(rate: float, s: SearchSettings) -> float:
 # ---------------------------------------------------------------------- fleet sizing
 FLEET_COLUMNS = (
     "rank", "config", "hardware", "gpus_per_replica", "replicas", "num_gpus", "usd_per_hour",
-    "usd_per_m_tokens", "capacity_rps", "utilization",
+    "usd_per_m_output_tokens", "capacity_rps", "utilization",
 )
 
 
@@ -275,11 +277,16 @@ def size_fleet(
 
     ``answers`` has one row per configuration with ``config``, ``hardware``, ``num_gpus``
     (per replica), ``max_rate`` (req/s one replica sustains within the SLO), ``usd_per_hour``
-    (per replica) and ``output_tokens_per_request``. Replicas are modelled as independent
-    instances that each take ``target_rate / replicas`` (random routing of a Poisson stream
-    gives each replica a Poisson stream of that rate), so ``ceil(target / max_rate)``
-    replicas serve it. Ties in cost go to fewer GPUs. Rows needing more than
-    ``max_replicas`` replicas, or without an answer, are dropped.
+    (per replica) and ``good_output_tok_s`` (the SLO-meeting output tokens/s of the probe at
+    ``max_rate``, ``analysis.cost``). Replicas are modelled as independent instances that
+    each take ``target_rate / replicas`` (random routing of a Poisson stream gives each
+    replica a Poisson stream of that rate), so ``ceil(target / max_rate)`` replicas serve it.
+    Each replica is taken to yield the good output tokens per offered request measured at the
+    answer (at a lighter load it yields no fewer), so the fleet serves
+    ``good_output_tok_s x target / max_rate`` good tokens/s and its
+    ``usd_per_m_output_tokens`` (``analysis.cost.usd_per_m_output_tokens``) is the
+    configuration's own divided by the fleet's ``utilization``. Ties in cost go to fewer
+    GPUs. Rows needing more than ``max_replicas`` replicas, or without an answer, are dropped.
     """
     if not target_rate > 0:
         raise ValueError(f"capacity.target_rate={target_rate!r}: give a rate > 0 (req/s)")
@@ -291,7 +298,7 @@ def size_fleet(
         if replicas > max_replicas:
             continue
         usd_h = replicas * row.usd_per_hour
-        tok_h = target_rate * row.output_tokens_per_request * 3600.0
+        tok_s = row.good_output_tok_s * target_rate / row.max_rate
         rows.append({
             "config": row.config,
             "hardware": row.hardware,
@@ -299,7 +306,7 @@ def size_fleet(
             "replicas": replicas,
             "num_gpus": int(replicas * row.num_gpus),
             "usd_per_hour": usd_h,
-            "usd_per_m_tokens": usd_h / tok_h * 1e6 if tok_h > 0 else math.inf,
+            "usd_per_m_output_tokens": usd_per_m_output_tokens(usd_h, tok_s),
             "capacity_rps": replicas * row.max_rate,
             "utilization": target_rate / (replicas * row.max_rate),
         })

@@ -4,7 +4,9 @@ Reads what ``python -m sweep.capacity`` wrote (``capacity.parquet``, ``probes.pa
 ``study.json`` and, after fleet sizing, ``fleet.parquet``), draws the plots into
 ``<dir>/plots/`` (cost Pareto front, throughput vs interactivity, latency vs load per
 configuration) and writes ``<dir>/report.html`` with the tables and the plots embedded as
-base64 PNGs, so the one file can be mailed or committed.
+base64 PNGs, so the one file can be mailed or committed. Everything on the page, the header
+included, is generated from what the run wrote (its resolved configurations, SLO, workload,
+search settings and results), never from fixed text.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.cost import WARMUP_FRACTION
 from analysis.report_plots import interactivity_png, latency_file, latency_vs_load_png, pareto_png
 from engine.specs import ConfigError
 
@@ -34,22 +37,27 @@ ANSWER_COLUMNS = {
     "num_gpus": "GPUs",
     "usd_per_hour": "USD/hour",
     "goodput_rps": "goodput (req/s)",
-    "goodput_tok_s": "goodput (out tok/s)",
-    "tok_s_per_gpu": "out tok/s/GPU",
+    "slo_attainment_pct": "% requests good",
+    "good_output_tok_s": "good out tok/s",
+    "tok_s_per_gpu": "good out tok/s/GPU",
     "tok_s_per_user": "out tok/s/user",
-    "usd_per_m_tokens": "USD / 1M out tokens",
+    "usd_per_m_output_tokens": "USD / 1M out tokens",
 }
 FLEET_COLUMNS = {
     "rank": "rank", "config": "configuration", "replicas": "replicas", "num_gpus": "GPUs",
-    "usd_per_hour": "USD/hour", "usd_per_m_tokens": "USD / 1M out tokens",
+    "usd_per_hour": "USD/hour", "usd_per_m_output_tokens": "USD / 1M out tokens",
     "capacity_rps": "capacity (req/s)", "utilization": "utilisation",
     "verified": "meets SLO as one cluster",
 }
 VERIFY_LABELS = {
     "verify_good_pct": "% requests meeting SLO (cluster)",
     "verify_goodput_rps": "goodput req/s (cluster)",
+    "verify_usd_per_m_output_tokens": "USD / 1M out tokens (cluster)",
     "verify_error": "check failed",
 }
+WINDOW_TEXT = (f"requests arriving after the first {100 * WARMUP_FRACTION:g} % of the arrival "
+               "span and before the last arrival, so warm-up and drain are left out; "
+               "analysis/cost.py")
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}th,td{border:1px solid #ccc;
 padding:4px 8px;text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
@@ -117,20 +125,20 @@ def render(study_dir: str | Path, out: str | Path | None = None) -> Path:
             part, bounds, float(row.max_rate), f"{row.config}: {meta['slo_text']}")
     for file, data in pngs.items():
         (plots_dir / file).write_bytes(data)
-    body = [f"<h1>Capacity study: {html.escape(name)}</h1>"]
-    if study.get("description"):
-        body.append(f"<p>{html.escape(str(study['description']))}</p>")
+    body = [f"<h1>Capacity study: {html.escape(name)}</h1>",
+            f"<p>{html.escape(headline(answers, meta))}</p>"]
     body.append(_summary(answers, meta))
     body.append("<h2>Max sustained rate per configuration</h2>")
     body.append("<p>The largest arrival rate (requests/s, per replica) at which the run met the "
                 "SLO, found by bracketing and bisection; the bracket gap is hi/lo − 1 of the "
                 "final bracket. Goodput, cost and per-GPU figures are those of the probe at the "
-                "answer rate; USD per 1M output tokens counts only tokens of requests meeting "
-                "the SLO.</p>")
-    ranked = answers.sort_values("usd_per_m_tokens", kind="stable")
+                "answer rate, the same numbers its MLflow run holds. USD per 1M output tokens "
+                "is USD/hour over the output tokens per hour of the requests that met the SLO, "
+                f"over the steady-state window ({html.escape(WINDOW_TEXT)}).</p>")
+    ranked = answers.sort_values("usd_per_m_output_tokens", kind="stable")
     body.append(_table(ranked, ANSWER_COLUMNS))
-    slo_cols = {c: c.removeprefix("slo_") + " at max rate" for c in answers.columns
-                if c.startswith("slo_")}
+    slo_cols = {k: f"{k} at max rate (bound {bounds[k]:g})" for k in sorted(bounds)
+                if k in answers.columns}
     if slo_cols:
         body.append(_table(ranked, {"config": "configuration", **slo_cols}))
     if fleet is not None:
@@ -138,7 +146,10 @@ def render(study_dir: str | Path, out: str | Path | None = None) -> Path:
         body.append("<p>Replicas are independent instances each taking an equal share of the "
                     "traffic (a Poisson stream split at random stays Poisson), so a "
                     "configuration sustaining <i>r</i> req/s needs ⌈target / <i>r</i>⌉ replicas. "
-                    "Rank 1 is the answer, the rest are the runner-ups. Where the last columns "
+                    "Rank 1 is the answer, the rest are the runner-ups. Each replica is taken "
+                    "to yield the good output tokens per request measured at its max rate, so "
+                    "a fleet's USD per 1M output tokens is its configuration's divided by the "
+                    "fleet's utilisation. Where the last columns "
                     "are filled, the fleet was also simulated as one cluster: all replicas "
                     f"behind the engine's {html.escape(str(_router(fleet)))} router under the "
                     "whole target stream, checked against the same SLO.</p>")
@@ -169,17 +180,43 @@ def _router(fleet: pd.DataFrame) -> str:
     return ", ".join(map(str, names)) or "(none)"
 
 
+def _values(column: pd.Series) -> str:
+    return ", ".join(str(v) for v in dict.fromkeys(column.dropna().tolist()))
+
+
+def headline(answers: pd.DataFrame, meta: dict[str, Any]) -> str:
+    """One sentence saying what the run was, from its own outputs: the model, the accelerator
+    types and TP degrees of the configurations actually searched, the SLO, the profiles and
+    the fleet target."""
+    hardware = answers["hardware"] if "hardware" in answers else pd.Series(dtype=object)
+    tps = answers["tensor_parallel_size"] if "tensor_parallel_size" in answers \
+        else pd.Series(dtype=object)
+    n_hw = hardware.nunique()
+    text = (f"Max sustained rate of {meta.get('model', '?')} within {meta['slo_text']} for "
+            f"{len(answers)} configuration{'s' if len(answers) != 1 else ''}: "
+            f"{n_hw} accelerator type{'s' if n_hw != 1 else ''} ({_values(hardware)}) at TP "
+            f"{_values(tps)}")
+    if meta.get("profiles"):
+        text += f", on {', '.join(meta['profiles'])} profiles"
+    if meta.get("target_rate"):
+        text += f"; and the cheapest fleet serving {_fmt(float(meta['target_rate']))} req/s"
+    return text + "."
+
+
 def _summary(answers: pd.DataFrame, meta: dict[str, Any]) -> str:
     s = meta.get("settings", {})
     wl = meta.get("workload", {})
     counts = answers.loc[answers["probes"] > 0, "probes"]
+    grid = meta.get("grid") or {}
     items = {
         "model": meta.get("model", ""),
         "SLO": meta["slo_text"],
+        "grid": "; ".join(f"{k}: {', '.join(map(str, v))}" for k, v in grid.items()) or "(none)",
         "workload": f"{wl.get('kind', '')}, {wl.get('num_requests') or wl.get('duration_s')} "
                     f"{'requests' if wl.get('num_requests') else 's'}, {wl.get('arrival', '')} "
                     f"arrivals, input {wl.get('input_len')}, output {wl.get('output_len')}, "
                     f"seed {wl.get('seed')}",
+        "cost window": WINDOW_TEXT,
         "search": f"tolerance {100 * float(s.get('tolerance', math.nan)):g} %, growth "
                   f"{s.get('growth')}, start {s.get('initial_rate') or 'saturation probe'}",
         "probes": f"{meta.get('probes_total')} ({meta.get('probes_simulated')} simulated, rest "
@@ -191,6 +228,9 @@ def _summary(answers: pd.DataFrame, meta: dict[str, Any]) -> str:
                         "MLflow, fleet checks)" if "total_wall_s" in meta else ""),
         "common overrides": " ".join(meta.get("common_overrides", [])),
     }
+    description = (meta.get("study") or {}).get("description")
+    if description:
+        items["study description"] = str(description)
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(str(v))}</dd>"
                    for k, v in items.items())
     return f"<dl>{rows}</dl>"

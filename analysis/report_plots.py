@@ -64,7 +64,7 @@ def latency_vs_load_png(probes: pd.DataFrame, bounds: dict[str, float], max_rate
     keys = sorted(bounds)
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
-        col = f"slo_{key}"
+        col = key  # the observed statistic: the probe run's metric of the bound's name
         if col in rows and len(rows):
             ax.plot(rows["rate"], rows[col], color="0.6", lw=1, zorder=1)
             ok, bad = rows[rows["passed"]], rows[~rows["passed"]]
@@ -87,15 +87,16 @@ def pareto_png(answers: pd.DataFrame, title: str = "") -> bytes:
     """USD per million output tokens against the sustained rate (req/s within the SLO), one
     point per configuration; the Pareto front (no other point is both faster and cheaper)
     is joined by a line."""
-    rows = answers[(answers["max_rate"] > 0) & answers["usd_per_m_tokens"].map(math.isfinite)]
+    rows = answers[(answers["max_rate"] > 0)
+                   & answers["usd_per_m_output_tokens"].map(math.isfinite)]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    x, y = list(rows["max_rate"]), list(rows["usd_per_m_tokens"])
+    x, y = list(rows["max_rate"]), list(rows["usd_per_m_output_tokens"])
     front = set(pareto_front(x, y))
     for i, row in enumerate(rows.itertuples(index=False)):
         on = i in front
-        ax.scatter(row.max_rate, row.usd_per_m_tokens, s=60 if on else 30,
+        ax.scatter(row.max_rate, row.usd_per_m_output_tokens, s=60 if on else 30,
                    color="tab:orange" if on else "tab:gray", zorder=3)
-        ax.annotate(row.config, (row.max_rate, row.usd_per_m_tokens), fontsize=7,
+        ax.annotate(row.config, (row.max_rate, row.usd_per_m_output_tokens), fontsize=7,
                     xytext=(4, 4), textcoords="offset points")
     if front:
         order = sorted(front, key=lambda i: x[i])
@@ -103,7 +104,7 @@ def pareto_png(answers: pd.DataFrame, title: str = "") -> bytes:
                 label="Pareto front", zorder=2)
         ax.legend(fontsize=8)
     ax.set_xlabel("sustained rate within the SLO (req/s per replica)")
-    ax.set_ylabel("USD per 1M output tokens")
+    ax.set_ylabel("USD per 1M output tokens within the SLO")
     _plain_log(ax, "x")
     _plain_log(ax, "y")
     ax.grid(alpha=0.3, which="both")

@@ -4,8 +4,10 @@ The grid is the experiment's ``hydra.sweeper.params`` (the same syntax as ``pyth
 studies; change a list with ``"hydra.sweeper.params.hardware='h100_sxm,l40s'"``); other
 command-line overrides apply to every configuration. Run *without* ``-m``: this command
 searches each configuration's max rate itself (``analysis.capacity.RateSearch``), the probes
-of all configurations running concurrently on a Ray actor pool (``capacity.pool``). Settings live under ``capacity``
-(``sweep.capacity_schema``). With ``capacity.target_rate`` it also sizes the cheapest fleet.
+of all configurations running concurrently on a Ray actor pool (``capacity.pool``). The SLO
+is the study's ``slo:`` node (``analysis.slo``, the one sweeps use); search settings live under
+``capacity`` (``sweep.capacity_schema``). With ``capacity.target_rate`` it also sizes the
+cheapest fleet.
 
 Writes into the run directory (``outputs/<study>/<timestamp>/``): ``capacity.parquet`` (one
 answer per configuration), ``probes.parquet``, ``fleet.parquet``/``fleet.csv`` (fleet sizing),
@@ -82,8 +84,11 @@ def label(overrides: dict[str, str]) -> str:
     return " ".join(parts) or "default"
 
 
-def compose_configs(common: list[str], combos: list[dict[str, str]]) -> list[Configuration]:
-    """Compose and validate every configuration; the first invalid one stops the study."""
+def compose_configs(common: list[str], combos: list[dict[str, str]],
+                    spec: SloSpec | None = None) -> list[Configuration]:
+    """Compose and validate every configuration; the first invalid one stops the study, and
+    so does a configuration whose SLO is not the study's ``spec`` (the SLO is one per study:
+    it cannot be a grid axis)."""
     configs = []
     for combo in combos:
         overrides = common + [f"{k}={v}" for k, v in combo.items()]
@@ -98,6 +103,10 @@ def compose_configs(common: list[str], combos: list[dict[str, str]]) -> list[Con
         point = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(point, dict)
         point.pop("capacity", None)
+        if spec is not None and SloSpec.from_config(point["slo"]) != spec:
+            raise SystemExit(
+                f"configuration {label(combo)} has its own SLO; the SLO is the study's "
+                "(slo.*): set it once, not in hydra.sweeper.params. Nothing was run.")
         configs.append(Configuration(label(combo), combo, point))
     names = [c.label for c in configs]
     if len(set(names)) != len(names):
@@ -185,7 +194,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(hc.runtime.output_dir)
     cap = cfg.capacity
     try:
-        spec = SloSpec.parse(OmegaConf.to_container(cap.slo, resolve=True), cap.goodput_fraction)
+        spec = SloSpec.from_config(cfg.slo)
         settings = settings_of(cap)
     except (ConfigError, ValueError) as err:
         raise SystemExit(f"Invalid capacity settings; nothing was run.\n{err}") from None
@@ -193,7 +202,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
     if problem:
         raise SystemExit(f"Invalid capacity settings; nothing was run.\n{problem}")
     common, combos = grid(hc)
-    configs = compose_configs(common, combos)
+    configs = compose_configs(common, combos, spec)
     log.info(f"{len(configs)} configurations; SLO: {spec.describe()}; "
              f"tolerance {100 * settings.tolerance:g} %")
     cache_dir = probe_cache_dir(cap.cache_dir)
@@ -212,7 +221,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         fleet = None
         if cap.target_rate is not None:
             fleet = size_fleet(answers, float(cap.target_rate), cap.max_replicas, cap.fleet_top)
-            fleet = verify(fleet, configs, float(cap.target_rate), spec, cap.verify_top,
+            fleet = verify(fleet, configs, float(cap.target_rate), cap.verify_top,
                            cap.router, pool)
         status = "FINISHED"
     except KeyboardInterrupt:
@@ -231,6 +240,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
         "grid": {k: sorted({c.overrides[k] for c in configs}) for k in combos[0]} if combos else {},
         "common_overrides": common,
+        "profiles": sorted({str(c.point["hardware"]["bundle"]["source"]) for c in configs}),
         "workload": OmegaConf.to_container(cfg.workload, resolve=True),
         "target_rate": cap.target_rate,
         "pool_size": pool.size,
@@ -251,14 +261,14 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
 
 
 def verify(fleet: pd.DataFrame, configs: list[Configuration], target_rate: float,
-           spec: SloSpec, top: int, router: str | None, pool: Any) -> pd.DataFrame:
+           top: int, router: str | None, pool: Any) -> pd.DataFrame:
     """Re-simulate the cheapest ``top`` fleets as clusters behind ``router``, side by side
     on ``pool``; add the ``verified`` column and the cluster's observed SLO statistics."""
     points = {c.label: c.point for c in configs}
     checks = list(fleet.head(top).itertuples(index=False))
     for i, row in enumerate(checks):
-        pool.submit(i, points[row.config], int(row.replicas), target_rate, spec.as_dict(),
-                    router, method="check")
+        pool.submit(i, points[row.config], int(row.replicas), target_rate, router,
+                    method="check")
     extra: list[dict[str, Any]] = [{} for _ in range(len(fleet))]
     for _ in checks:
         done = pool.next_done()
@@ -292,13 +302,14 @@ def write_outputs(out_dir: Path, answers: pd.DataFrame, probes: pd.DataFrame,
 def print_summary(answers: pd.DataFrame, fleet: pd.DataFrame | None, meta: dict[str, Any],
                   out_dir: Path) -> None:
     cols = ["config", "status", "max_rate", "probes", "cached_probes", "num_gpus",
-            "usd_per_hour", "usd_per_m_tokens", "goodput_tok_s"]
+            "usd_per_hour", "usd_per_m_output_tokens", "good_output_tok_s"]
     print(f"\nSLO: {meta['slo_text']}")
     print(answers[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if fleet is not None:
         print(f"\nCheapest fleets for {meta['target_rate']:g} req/s:")
         shown = [c for c in ("rank", "config", "replicas", "num_gpus", "usd_per_hour",
-                             "usd_per_m_tokens", "capacity_rps", "utilization", "verified")
+                             "usd_per_m_output_tokens", "capacity_rps", "utilization",
+                             "verified")
                  if c in fleet.columns]
         print(fleet[shown].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     done = answers[answers["probes"] > 0]["probes"]

@@ -10,7 +10,6 @@ one in this process (tests, ``capacity.pool.num_actors=0``).
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import time
@@ -19,44 +18,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
-
 log = logging.getLogger(__name__)
 
-STATS = ("mean", "median", "p90", "p95", "p99")
-KEPT_METRICS = (
-    "request_throughput", "output_throughput", "total_token_throughput", "completed",
-    "duration_s", "num_preemptions", "kv_usage_pct_max", "queueing_delay_ms_mean",
-    "sim_wall_s", "num_gpus", "usd_per_hour",
-) + tuple(f"{m}_ms_{s}" for m in ("ttft", "tpot", "itl", "e2el") for s in STATS)
-
-
-def run_probe(point: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
-    """Simulate ``point`` (a resolved sweep config as plain data) and check it against ``slo``
-    (``SloSpec.as_dict()``). Returns the SLO verdict, goodput and the run's key metrics."""
+def run_probe(point: dict[str, Any]) -> dict[str, Any]:
+    """Simulate ``point`` (a resolved sweep config as plain data, its ``slo`` the study's)
+    with ``sweep.job.run_point``. Returns the verdict (``passed``, ``margin`` and each bound's
+    ``margins``) and the run's scalar metrics: the same numbers, cost included, that a sweep
+    of this point records in MLflow and ``results.parquet``."""
     from omegaconf import OmegaConf
 
-    from analysis.slo import SloSpec, evaluate
     from sweep.job import run_point
 
     t0 = time.perf_counter()
-    cfg = OmegaConf.create(point)
-    spec = SloSpec.parse(slo["bounds"], slo["goodput_fraction"])
-    result = run_point(cfg)
-    requests = pd.read_parquet(io.BytesIO(result["requests_parquet"]))
-    report = evaluate(requests, spec)
-    metrics = result["metrics"]
-    out_tokens = float(requests["output_len"].sum())
+    result = run_point(OmegaConf.create(point))
+    metrics = {k: float(v) for k, v in result["metrics"].items()}
     return {
-        "passed": report.passed,
-        "margin": report.margin,
-        "margins": report.margins,
-        "observed": report.observed,
-        "good_fraction": report.good_fraction,
-        "goodput_rps": report.goodput_rps,
-        "goodput_tok_s": report.goodput_tok_s,
-        "output_tokens_per_request": out_tokens / len(requests) if len(requests) else 0.0,
-        "metrics": {k: float(metrics[k]) for k in KEPT_METRICS if k in metrics},
+        "passed": metrics["slo_met"] == 1.0,
+        "margin": metrics["slo_margin"],
+        "margins": dict(result["slo_margins"]),
+        "metrics": metrics,
         "probe_wall_s": time.perf_counter() - t0,
     }
 
@@ -70,14 +50,12 @@ class Done:
     error: str | None = None
 
 
-def run_fleet_check(point: dict[str, Any], replicas: int, rate: float, slo: dict[str, Any],
+def run_fleet_check(point: dict[str, Any], replicas: int, rate: float,
                     router: str | None) -> dict[str, Any]:
-    """``sweep.capacity_verify.verify_fleet`` with plain-data arguments (for the pool)."""
-    from analysis.slo import SloSpec
+    """``sweep.capacity_verify.verify_fleet`` (for the pool)."""
     from sweep.capacity_verify import verify_fleet
 
-    spec = SloSpec.parse(slo["bounds"], slo["goodput_fraction"])
-    return verify_fleet(point, replicas, rate, spec, router)
+    return verify_fleet(point, replicas, rate, router)
 
 
 class LocalProbePool:
@@ -109,8 +87,8 @@ class ProbeWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, point: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
-        return run_probe(point, slo)
+    def run(self, point: dict[str, Any]) -> dict[str, Any]:
+        return run_probe(point)
 
     def check(self, *args: Any) -> dict[str, Any]:
         return run_fleet_check(*args)

@@ -28,10 +28,9 @@ class PoolConf:
 
 @dataclass
 class CapacityConf:
-    """SLO, search and fleet-sizing settings (see ``analysis.slo``, ``analysis.capacity``).
+    """Search and fleet-sizing settings (see ``analysis.capacity``). The SLO is the study's
+    ``slo:`` node (``analysis.slo``), the one sweeps use.
 
-    ``slo``: bounds ``<ttft|tpot|itl|e2el>_ms_<mean|median|pNN>: <ms>`` (null drops one);
-    ``goodput_fraction``: null or the share of requests that must meet every bound.
     Search: relative ``tolerance``; start at ``initial_rate`` or, when null, at
     ``start_fraction`` x the throughput of a saturation probe at ``saturation_rate``
     (``.inf``: all requests at t = 0); bracket by ``growth`` within ``min_rate`` ..
@@ -44,8 +43,6 @@ class CapacityConf:
     configuration's ``cluster.router``; ``sweep.capacity_verify``).
     """
 
-    slo: dict[str, float | None] = field(default_factory=dict)
-    goodput_fraction: float | None = None
     # The search knobs default to analysis.capacity.SearchSettings' own values (one source).
     tolerance: float = SearchSettings.tolerance
     initial_rate: float | None = SearchSettings.initial_rate

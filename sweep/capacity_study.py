@@ -3,7 +3,8 @@
 ``CapacityStudy.run`` keeps one ``analysis.capacity.RateSearch`` per configuration and one
 probe in flight per unfinished search, so the probes of different configurations run side by
 side on the pool. A probe whose resolved config (model, hardware, cluster, workload with its
-rate), SLO and simulator source hash to a file in the probe cache is not simulated again. Each finished probe
+rate, the study's ``slo``) and simulator source hash to a file in the probe cache is not
+simulated again. Each finished probe
 goes to ``ProbeSink.probe_done`` and each answer to ``ProbeSink.config_done`` (MLflow in the
 CLI); the study returns the answers (one row per configuration) and the probes.
 """
@@ -31,15 +32,15 @@ from analysis.slo import SloSpec
 log = logging.getLogger(__name__)
 
 # Bumped when a probe's result format or meaning changes: old cache files are then ignored.
-CACHE_FORMAT = 3
-POINT_KEYS = ("hardware", "model", "cluster", "workload")
+CACHE_FORMAT = 4
+POINT_KEYS = ("hardware", "model", "cluster", "workload", "slo")
 
 
 # The code a probe's outcome depends on: its source is part of the cache key, so a changed
 # simulator never answers from probes of the old one.
 FINGERPRINT_PACKAGES = ("engine", "profiles", "astra_bridge", "workloads")
-FINGERPRINT_MODULES = ("analysis.metrics", "analysis.slo", "sweep.job", "sweep.cluster",
-                       "sweep.validate", "sweep.capacity_pool")
+FINGERPRINT_MODULES = ("analysis.metrics", "analysis.slo", "analysis.cost", "analysis.answers",
+                       "sweep.job", "sweep.cluster", "sweep.validate", "sweep.capacity_pool")
 
 
 @lru_cache(maxsize=1)
@@ -63,13 +64,13 @@ def code_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def probe_key(point: dict[str, Any], slo: dict[str, Any]) -> str:
-    """SHA-256 of what decides a probe's outcome: the simulated point, the SLO and the code."""
+def probe_key(point: dict[str, Any]) -> str:
+    """SHA-256 of what decides a probe's outcome: the simulated point (its SLO included) and
+    the code."""
     payload = {
         "format": CACHE_FORMAT,
         "code": code_fingerprint(),
         "point": {k: point[k] for k in POINT_KEYS},
-        "slo": slo,
     }
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -135,28 +136,33 @@ def _probe_point(point: dict[str, Any], rate: float) -> dict[str, Any]:
 
 def probe_row(cfg: Configuration, index: int, rate: float, kind: str, value: dict[str, Any],
               cached: bool) -> dict[str, Any]:
-    """The flat probe record kept in ``probes.parquet`` and logged to MLflow."""
+    """The flat probe record kept in ``probes.parquet`` and logged to MLflow: the verdict and
+    every metric of the probe's run (``sweep.job.run_point``), under the sweep's names."""
     row = {
         "config": cfg.label, "probe": index, "rate": rate, "kind": kind, "cached": cached,
         "passed": bool(value["passed"]), "margin": float(value["margin"]),
-        "good_fraction": value["good_fraction"], "goodput_rps": value["goodput_rps"],
-        "goodput_tok_s": value["goodput_tok_s"],
-        "output_tokens_per_request": value["output_tokens_per_request"],
         "probe_wall_s": value.get("probe_wall_s", math.nan),
     }
-    row.update({f"slo_{k}": v for k, v in value["observed"].items()})
     row.update(value["metrics"])
     return row
 
 
-def answer_row(cfg: Configuration) -> dict[str, Any]:
-    """One configuration's answer: max rate, goodput, GPUs, $/hour, $/1M output tokens."""
+# Figures of the answer probe copied into a configuration's answer, under the same names:
+# the cost is the probe's own number, so MLflow, probes.parquet, capacity.parquet and the
+# report (and a sweep of the same point) agree.
+ANSWER_METRICS = (
+    "num_gpus", "usd_per_hour", "goodput_rps", "slo_attainment_pct", "good_output_tok_s",
+    "usd_per_m_output_tokens", "raw_usd_per_m_output_tokens", "window_s",
+)
+
+
+def answer_row(cfg: Configuration, bound_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One configuration's answer: max rate, goodput, GPUs, $/hour, $/1M output tokens, and the
+    observed statistic of each SLO bound (``bound_keys``) at the answer rate. Without a
+    passing probe the figures are NaN (the SLO is unattainable)."""
     res = cfg.search.result
     assert res is not None
-    best = _answer_probe(cfg)
-    gpus = float(best.get("num_gpus", math.nan)) if best else math.nan
-    usd_h = float(best.get("usd_per_hour", math.nan)) if best else math.nan
-    good_tok = float(best["goodput_tok_s"]) if best else 0.0
+    best = _answer_probe(cfg) or {}
     row: dict[str, Any] = {
         "config": cfg.label,
         **{f"grid.{k}": v for k, v in cfg.overrides.items()},
@@ -171,18 +177,12 @@ def answer_row(cfg: Configuration) -> dict[str, Any]:
         "rel_gap": res.rel_gap,
         "probes": res.probes,
         "cached_probes": cfg.cached,
-        "num_gpus": gpus,
-        "usd_per_hour": usd_h,
-        "goodput_rps": float(best["goodput_rps"]) if best else 0.0,
-        "goodput_tok_s": good_tok,
-        "output_tokens_per_request": float(best["output_tokens_per_request"]) if best else math.nan,
-        "usd_per_m_tokens": usd_h / (good_tok * 3600.0) * 1e6 if good_tok > 0 else math.inf,
-        "tok_s_per_gpu": good_tok / gpus if gpus > 0 else math.nan,
+        **{k: float(best.get(k, math.nan)) for k in ANSWER_METRICS},
+        "tok_s_per_gpu": float(best.get("good_output_tok_s_per_gpu", math.nan)),
         "tok_s_per_user": 1000.0 / best["tpot_ms_median"]
-        if best and best.get("tpot_ms_median", 0) > 0 else math.nan,
+        if best.get("tpot_ms_median", 0) > 0 else math.nan,
     }
-    if best:
-        row.update({k: v for k, v in best.items() if k.startswith("slo_")})
+    row.update({k: float(best.get(k, math.nan)) for k in bound_keys})
     return row
 
 
@@ -203,7 +203,7 @@ class CapacityStudy:
         settings.check()
         self.configs = configs
         self.spec = spec
-        self.slo = spec.as_dict()
+        self.bound_keys = tuple(b.key for b in spec.bounds)
         self.settings = settings
         self.pool = pool
         self.cache = cache
@@ -238,7 +238,7 @@ class CapacityStudy:
             self.cache.put(key, done.value)
             self._record(cfg, rate, kind, done.value, cached=False)
         self.wall_s = time.perf_counter() - t0
-        answers = pd.DataFrame([answer_row(c) for c in self.configs])
+        answers = pd.DataFrame([answer_row(c, self.bound_keys) for c in self.configs])
         probes = pd.DataFrame([r for c in self.configs for r in c.probe_rows])
         return answers, probes
 
@@ -250,14 +250,14 @@ class CapacityStudy:
                 return
             rate, kind = step
             point = _probe_point(cfg.point, rate)
-            key = probe_key(point, self.slo)
+            key = probe_key(point)
             cached = self.cache.get(key)
             if cached is not None:
                 cfg.cached += 1
                 self._record(cfg, rate, kind, cached, cached=True)
                 continue
             in_flight[i] = (rate, kind, key)
-            self.pool.submit(i, point, self.slo)
+            self.pool.submit(i, point)
 
     def _record(self, cfg: Configuration, rate: float, kind: str, value: dict[str, Any],
                 cached: bool) -> None:
@@ -280,7 +280,7 @@ class CapacityStudy:
                         f"({res.max_rate:.4g} req/s): raise capacity.max_rate, or, when the "
                         "ceiling is the saturation throughput, workload.num_requests (the run "
                         "is too short to reach a steady state)")
-        self._events.append(("config_done", cfg, answer_row(cfg)))
+        self._events.append(("config_done", cfg, answer_row(cfg, self.bound_keys)))
 
     def _flush(self) -> None:
         events, self._events = self._events, []

@@ -1,10 +1,12 @@
 """MLflow records of a capacity study, written by the driver only.
 
 A parent run for the study; one run per configuration (its answer: max rate, goodput, GPUs,
-$/hour, $/1M output tokens; the resolved config as params; its latency-vs-load plot); each
-probe a child run of its configuration's run (rate, pass/fail, margin, observed SLO
-statistics, throughput); a ``fleet-sizing`` run with the cheapest option's numbers and the
-option table. The study's tables, plots and HTML report go to the parent run.
+$/hour, $/1M output tokens; the resolved config and the SLO bounds, ``slo.<key>.bound``, as
+params; its latency-vs-load plot); each probe a child run of its configuration's run (rate,
+``passed``, margin and every metric of the probe's run under the sweep's names: the observed
+SLO statistics, ``slo_met``, throughput, cost); a ``fleet-sizing`` run with the cheapest
+option's numbers and the option table. The study's tables, plots and HTML report go to the
+parent run.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class MlflowSink:
                            "output_dir": str(out_dir)})
         cap = OmegaConf.to_container(cfg.capacity, resolve=True)
         assert isinstance(cap, dict)
-        tracker.log_params(parent, {**flatten(cap, "capacity."), "slo": spec.describe()})
+        tracker.log_params(parent, {**flatten(cap, "capacity."), **spec.params(),
+                                    "slo": spec.describe()})
         return cls(tracker, parent, out_dir, spec)
 
     def _config_run(self, cfg: Configuration) -> str:
@@ -60,6 +63,7 @@ class MlflowSink:
             point = {k: v for k, v in cfg.point.items() if k not in ("tracking", "study")}
             params = flatten(point)
             params.pop("workload.rate", None)  # each probe has its own
+            params.update(self.spec.params())
             self.tracker.log_params(run_id, params)
             self.config_runs[cfg.label] = run_id
         return run_id

@@ -33,21 +33,26 @@ def fleet_point(point: dict[str, Any], replicas: int, target_rate: float,
     return fleet
 
 
-def verify_fleet(point: dict[str, Any], replicas: int, target_rate: float, spec: SloSpec,
+def verify_fleet(point: dict[str, Any], replicas: int, target_rate: float,
                  router: str | None = None) -> dict[str, Any]:
-    """Simulate ``replicas`` copies of ``point``'s cluster at ``target_rate`` req/s.
+    """Simulate ``replicas`` copies of ``point``'s cluster at ``target_rate`` req/s, checked
+    against the point's ``slo`` (the study's).
 
-    Returns ``verified`` (the fleet meets ``spec``), the router, the observed SLO statistics
-    (prefixed ``verify_``), the share of requests meeting every bound, the fleet's goodput
-    (over the benchmark duration, drain included) and the probe's wall time.
+    Returns ``verified`` (the fleet meets the SLO), the router, the observed SLO statistics,
+    the share of good requests, goodput and the fleet's measured cost per 1M output tokens
+    (``analysis.cost``, over the cluster run's own steady-state window), each prefixed
+    ``verify_``, and the probe's wall time.
     """
     fleet = fleet_point(point, replicas, target_rate, router)
-    out = run_probe(fleet, spec.as_dict())
+    out = run_probe(fleet)
+    m = out["metrics"]
+    spec = SloSpec.from_config(point["slo"])
     return {
         "verified": bool(out["passed"]),
         "verify_router": fleet["cluster"].get("router", "least_loaded"),
-        "verify_good_pct": 100.0 * out["good_fraction"],
-        "verify_goodput_rps": out["goodput_rps"],
-        **{f"verify_{k}": v for k, v in out["observed"].items()},
+        "verify_good_pct": m["slo_attainment_pct"],
+        "verify_goodput_rps": m["goodput_rps"],
+        "verify_usd_per_m_output_tokens": m["usd_per_m_output_tokens"],
+        **{f"verify_{b.key}": m[b.key] for b in spec.bounds},
         "verify_wall_s": out["probe_wall_s"],
     }

@@ -69,8 +69,14 @@ def test_cli_capacity_search_on_ray_with_mlflow(tmp_path):
     assert len(kinds["capacity_probe"]) == len(probes)
     assert all(r.data.tags["mlflow.parentRunId"] in config_ids for r in kinds["capacity_probe"])
     for run in configs:
-        for key in ("max_rate", "goodput_rps", "num_gpus", "usd_per_hour", "usd_per_m_tokens"):
+        for key in ("max_rate", "goodput_rps", "num_gpus", "usd_per_hour",
+                    "usd_per_m_output_tokens", "ttft_ms_p99"):
             assert key in run.data.metrics, key
+        # the study's SLO, logged as bounds (not the sweep default's)
+        assert run.data.params["slo.ttft_ms_p99.bound"] == "1000.0"
+        row = answers[answers["config"] == run.data.tags["config"]].iloc[0]
+        assert run.data.metrics["usd_per_m_output_tokens"] == pytest.approx(
+            row["usd_per_m_output_tokens"], rel=1e-12)
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"report.html", "capacity.parquet", "pareto.png"} <= artifacts
 
@@ -80,7 +86,7 @@ def test_cli_capacity_search_on_ray_with_mlflow(tmp_path):
 
 
 @pytest.mark.parametrize(("override", "needle"), [
-    ("+capacity.slo.ttft_p99=5", "capacity.slo.ttft_p99 is not an SLO bound"),
+    ("+slo.bounds.ttft_p99=5", "slo.bounds.ttft_p99=5 is not an SLO bound"),
     ("capacity.tolerance=0", "capacity.tolerance=0"),
     ("cluster.tensor_parallel_size=3", "cluster.tensor_parallel_size=3 is not allowed"),
     ("capacity.router=nearest", "capacity.router='nearest' is not allowed"),
@@ -108,15 +114,14 @@ def test_ray_probe_pool_times_out_and_replaces_the_actor(monkeypatch):
         cfg = compose("config", overrides=["workload.num_requests=40", "workload.rate=4"])
     point = OmegaConf.to_container(cfg, resolve=True)
     point.pop("capacity")
-    slo = {"bounds": {"ttft_ms_p99": 1000.0}, "goodput_fraction": None}
     slow = {**point, "workload": {**point["workload"], "num_requests": 5000}}  # seconds, not ms
     pool = RayProbePool(1, probe_timeout_s=0.01)
     try:
-        pool.submit("slow", slow, slo)
+        pool.submit("slow", slow)
         done = pool.next_done()
         assert done.key == "slow" and "timed out" in done.error
         pool.probe_timeout_s = 300.0
-        pool.submit("ok", point, slo)
+        pool.submit("ok", point)
         done = pool.next_done()
         assert done.error is None and done.value["passed"] in (True, False)
         assert done.value["metrics"]["completed"] == 40

@@ -18,7 +18,11 @@ Every table is pre-indexed for cheap scalar lookups:
 Each curve stores numpy arrays (the data of record, handy for vectorised use) and tuple
 mirrors that the scalar hot path bisects (faster than numpy for one element).
 
-Bad input raises :class:`BundleError` naming the file, the line where it applies, and the fix.
+Bad input raises :class:`BundleError` naming the file, the line where it applies, and the fix,
+while the bundle loads (before any step is priced): a missing table, column or meta key of the
+wrong type; a cell that is not a number, NaN, infinite, negative where it cannot be, or absurd
+(a key above ``MAX_KEY``, a time above ``MAX_TIME_US``, an alpha beyond ``MAX_ABS_ALPHA``);
+skew-fit bucket edges that are not increasing; a bucket table outside the bundle.
 """
 
 from __future__ import annotations
@@ -67,6 +71,16 @@ DEFAULT_BUCKET_AXES: dict[str, list] = {
     "kp_labels": ["kp=0", "kp<=512", "kp<=1k", "kp<=2k", "kp<=4k", "kp<=8k", "kp>8k"],
 }
 _AXES = ("n", "skew_rate", "kv_big", "kp")
+
+# Largest integer key (tokens, sequences, KV length, experts) a table may hold: no batch or
+# context comes near it (the longest context in the catalog is 262,144 tokens).
+MAX_KEY = 10**8
+# Longest time one profiled op may take, an hour (the slowest shipped row is 135 ms): a
+# larger value is a unit error or damage, and would overflow int64 ns once priced.
+MAX_TIME_US = 3.6e9
+# Largest skew-fit alpha magnitude. The shipped fits span -735 .. 27; a step priced with
+# 1e6 x the measured skew gap is damage, and larger values could overflow int64 ns.
+MAX_ABS_ALPHA = 1e6
 
 
 class BundleError(ConfigError):
@@ -231,9 +245,10 @@ class ProfileBundle:
 def _read_numeric_csv(path: Path, columns: dict[str, str], fix: str) -> dict[str, list]:
     """Read ``path`` and return the requested columns.
 
-    ``columns`` maps a column name to its kind: ``"int"`` (non-negative integer key),
-    ``"time"`` (finite positive float), ``"float"`` (finite float) or ``"str"``.
-    Errors name the file, the line and ``fix``.
+    ``columns`` maps a column name to its kind: ``"int"`` (integer key in ``[0, MAX_KEY]``),
+    ``"time"`` (float in ``(0, MAX_TIME_US]``), ``"alpha"`` (float in
+    ``[-MAX_ABS_ALPHA, MAX_ABS_ALPHA]``) or ``"str"``. Errors name the file, the line and
+    ``fix``.
     """
     if not path.is_file():
         raise BundleError(f"{path}: file missing. {fix}")
@@ -272,14 +287,29 @@ def _read_numeric_csv(path: Path, columns: dict[str, str], fix: str) -> dict[str
                         raise BundleError(
                             f"{path}:{lineno}: column '{c}' = {cell!r} must be a non-negative integer. {fix}"
                         )
+                    if val > MAX_KEY:
+                        raise BundleError(
+                            f"{path}:{lineno}: column '{c}' = {cell!r} is above {MAX_KEY}: no "
+                            f"batch, sequence count or context comes near it. {fix}"
+                        )
                     out[c].append(int(val))
                 elif kind == "time":
                     if val <= 0:
                         raise BundleError(
                             f"{path}:{lineno}: column '{c}' = {cell!r} must be a positive time (us). {fix}"
                         )
+                    if val > MAX_TIME_US:
+                        raise BundleError(
+                            f"{path}:{lineno}: column '{c}' = {cell!r} us is above an hour "
+                            f"({MAX_TIME_US:g} us): a unit error? {fix}"
+                        )
                     out[c].append(val)
-                else:
+                else:  # alpha
+                    if abs(val) > MAX_ABS_ALPHA:
+                        raise BundleError(
+                            f"{path}:{lineno}: column '{c}' = {cell!r} is beyond "
+                            f"+-{MAX_ABS_ALPHA:g} (shipped fits span -735 .. 27). {fix}"
+                        )
                     out[c].append(val)
     first = next(iter(columns))
     if not out[first]:
@@ -348,25 +378,72 @@ def _load_moe(path: Path) -> MoeTable:
 # ------------------------------------------------------------------------------------ skew fit
 
 
-def _bucket_axes(block: dict | None, fallback: BucketAxes | None, where: str) -> BucketAxes:
+class _MetaLines:
+    """``meta.yaml:<line>`` of a key path, for messages (the file alone if it cannot be found)."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        try:
+            self.root: yaml.Node | None = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            self.root = None
+
+    def __call__(self, *keys: object) -> str:
+        node, line = self.root, None
+        for key in keys:
+            if not isinstance(node, yaml.MappingNode):
+                return str(self.path)
+            pair = next(((k, v) for k, v in node.value if str(k.value) == str(key)), None)
+            if pair is None:
+                return str(self.path)
+            line, node = pair[0].start_mark.line + 1, pair[1]  # the key's line
+        return f"{self.path}:{line}" if line is not None else str(self.path)
+
+
+def _real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _alpha(value: object, where: str, name: str) -> float:
+    if not _real(value) or not math.isfinite(value):  # type: ignore[arg-type]
+        raise BundleError(f"{where}: {name} = {value!r} is not a number; write the fitted alpha")
+    if abs(value) > MAX_ABS_ALPHA:  # type: ignore[arg-type]
+        raise BundleError(
+            f"{where}: {name} = {value!r} is beyond +-{MAX_ABS_ALPHA:g} (shipped fits span "
+            "-735 .. 27); re-run the alpha fit"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+def _bucket_axes(block: object, fallback: BucketAxes | None, where: _MetaLines,
+                 keys: tuple[object, ...]) -> BucketAxes:
     if not block:
         if fallback is not None:
             return fallback
         block = DEFAULT_BUCKET_AXES
+    if not isinstance(block, dict):
+        raise BundleError(f"{where(*keys)}: {'.'.join(map(str, keys))} must be a mapping of "
+                          "<axis>_bins / <axis>_labels lists")
     bins: dict[str, tuple[float, ...]] = {}
     labels: dict[str, tuple[str, ...]] = {}
     for ax in _AXES:
         b = block.get(f"{ax}_bins", DEFAULT_BUCKET_AXES[f"{ax}_bins"])
         lab = block.get(f"{ax}_labels", DEFAULT_BUCKET_AXES[f"{ax}_labels"])
+        at = where(*keys, f"{ax}_bins")
         if not isinstance(b, list) or not isinstance(lab, list) or len(b) != len(lab) + 1:
             raise BundleError(
-                f"{where}: bucket_axes.{ax}_bins must be a list with one more edge than "
+                f"{at}: bucket_axes.{ax}_bins must be a list with one more edge than "
                 f"{ax}_labels (got {b!r} / {lab!r})"
             )
-        try:
-            bins[ax] = tuple(float(x) for x in b)
-        except (TypeError, ValueError):
-            raise BundleError(f"{where}: bucket_axes.{ax}_bins has a non-number: {b!r}") from None
+        if not all(_real(x) for x in b) or any(math.isnan(x) for x in b):
+            raise BundleError(f"{at}: bucket_axes.{ax}_bins has a non-number: {b!r}")
+        edges = tuple(float(x) for x in b)
+        if any(hi <= lo for lo, hi in zip(edges, edges[1:], strict=False)):
+            raise BundleError(
+                f"{at}: bucket_axes.{ax}_bins must increase strictly (got {b!r}); sort the "
+                "edges and drop duplicates"
+            )
+        bins[ax] = edges
         labels[ax] = tuple(str(x) for x in lab)
     return BucketAxes(bins=bins, labels=labels)
 
@@ -374,7 +451,7 @@ def _bucket_axes(block: dict | None, fallback: BucketAxes | None, where: str) ->
 def _load_skew_table(path: Path) -> dict[str, float]:
     fix = "Re-run the alpha fit (columns pc, n_label, skew_rate_label, kv_big_label, kp_label, alpha)."
     cols = {"pc": "int", "n_label": "str", "skew_rate_label": "str", "kv_big_label": "str",
-            "kp_label": "str", "alpha": "float"}
+            "kp_label": "str", "alpha": "alpha"}
     with path.open(newline="") as fh:
         header = next(csv.reader(fh), [])
     if "raw_key" in [h.strip() for h in header]:
@@ -391,42 +468,63 @@ def _load_skew_table(path: Path) -> dict[str, float]:
     return table
 
 
-def _load_skew_fit(meta: dict, variant_dir: Path) -> SkewFit:
-    where = str(variant_dir / "meta.yaml")
+def _load_skew_fit(meta: dict, variant_dir: Path, where: _MetaLines) -> SkewFit:
     block = meta.get("skew_fit")
     if not isinstance(block, dict) or not block.get("enabled", False):
         return SkewFit(enabled=False, alpha_default=None, per_tp={})
-    block_axes = _bucket_axes(block.get("bucket_axes"), None, where)
+    block_axes = _bucket_axes(block.get("bucket_axes"), None, where, ("skew_fit", "bucket_axes"))
     block_default = block.get("alpha_default")
+    per_tp_block = block.get("per_tp") or {}
+    if not isinstance(per_tp_block, dict):
+        raise BundleError(f"{where('skew_fit', 'per_tp')}: skew_fit.per_tp must be a mapping "
+                          "from TP degree to its fit")
     per_tp: dict[int, SkewTpEntry] = {}
-    for tp_key, entry in (block.get("per_tp") or {}).items():
+    for tp_key, entry in per_tp_block.items():
+        at = where("skew_fit", "per_tp", tp_key)
         try:
             tp = int(tp_key)
         except (TypeError, ValueError):
-            raise BundleError(f"{where}: skew_fit.per_tp key {tp_key!r} is not a TP degree") from None
+            raise BundleError(f"{at}: skew_fit.per_tp key {tp_key!r} is not a TP degree") from None
         if not isinstance(entry, dict):
-            raise BundleError(f"{where}: skew_fit.per_tp.{tp} must be a mapping")
-        default = entry.get("alpha_default", 0.0)
-        if not isinstance(default, int | float) or not math.isfinite(default):
-            raise BundleError(f"{where}: skew_fit.per_tp.{tp}.alpha_default = {default!r} is not a number")
+            raise BundleError(f"{at}: skew_fit.per_tp.{tp} must be a mapping")
+        default = _alpha(entry.get("alpha_default", 0.0),
+                         where("skew_fit", "per_tp", tp_key, "alpha_default"),
+                         f"skew_fit.per_tp.{tp}.alpha_default")
         table: dict[str, float] = {}
         if entry.get("bucket_table"):
             tpath = variant_dir / str(entry["bucket_table"])
+            at_table = where("skew_fit", "per_tp", tp_key, "bucket_table")
+            if not tpath.resolve().is_relative_to(variant_dir.resolve()):
+                raise BundleError(
+                    f"{at_table}: skew_fit.per_tp.{tp}.bucket_table names {tpath}, outside the "
+                    "bundle; name a file inside it (e.g. tp1/skew_fit.csv)"
+                )
             if not tpath.is_file():
                 raise BundleError(
-                    f"{where}: skew_fit.per_tp.{tp}.bucket_table names {tpath}, which is missing. "
-                    "Restore the file or remove the bucket_table entry."
+                    f"{at_table}: skew_fit.per_tp.{tp}.bucket_table names {tpath}, which is "
+                    "missing. Restore the file or remove the bucket_table entry."
                 )
             table = _load_skew_table(tpath)
-        axes = _bucket_axes(entry.get("bucket_axes"), block_axes, where)
-        per_tp[tp] = SkewTpEntry(alpha_default=float(default), axes=axes, table=table)
-    if block_default is not None and (
-        not isinstance(block_default, int | float) or not math.isfinite(block_default)
-    ):
-        raise BundleError(f"{where}: skew_fit.alpha_default = {block_default!r} is not a number")
-    return SkewFit(enabled=True,
-                   alpha_default=None if block_default is None else float(block_default),
-                   per_tp=per_tp)
+        axes = _bucket_axes(entry.get("bucket_axes"), block_axes, where,
+                            ("skew_fit", "per_tp", tp_key, "bucket_axes"))
+        per_tp[tp] = SkewTpEntry(alpha_default=default, axes=axes, table=table)
+    if block_default is not None:
+        block_default = _alpha(block_default, where("skew_fit", "alpha_default"),
+                               "skew_fit.alpha_default")
+    return SkewFit(enabled=True, alpha_default=block_default, per_tp=per_tp)
+
+
+def _engine_limit(eng: dict, key: str, where: _MetaLines) -> int | None:
+    """``engine_effective.<key>``: the profiled limit, a positive int (or absent)."""
+    value = eng.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_KEY:
+        raise BundleError(
+            f"{where('engine_effective', key)}: engine_effective.{key} = {value!r} must be an "
+            f"int in [1, {MAX_KEY}] (the limit the bundle was profiled with) or absent"
+        )
+    return value
 
 
 # ------------------------------------------------------------------------------------ bundle
@@ -458,11 +556,24 @@ def _load_variant_dir(variant_dir: Path) -> ProfileBundle:
             "with meta.yaml and tp<N>/ folders; check the root, hardware, model name and variant."
         )
     try:
-        meta = yaml.safe_load(meta_path.read_text()) or {}
+        text = meta_path.read_text()
+    except UnicodeDecodeError as exc:
+        raise BundleError(f"{meta_path}: not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                          "re-export meta.yaml from the profiler") from exc
+    try:
+        meta = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise BundleError(f"{meta_path}: invalid YAML ({exc}); fix the syntax") from exc
     if not isinstance(meta, dict):
         raise BundleError(f"{meta_path}: top level must be a mapping")
+    where = _MetaLines(meta_path, text)
+    eng = meta.get("engine_effective") or {}
+    if not isinstance(eng, dict):
+        raise BundleError(f"{where('engine_effective')}: engine_effective must be a mapping "
+                          "(the engine settings the bundle was profiled with)")
+    max_num_batched_tokens = _engine_limit(eng, "max_num_batched_tokens", where)
+    max_num_seqs = _engine_limit(eng, "max_num_seqs", where)
+    skew_fit = _load_skew_fit(meta, variant_dir, where)
     tps: dict[int, TpTables] = {}
     for sub in sorted(variant_dir.glob("tp*")):
         if sub.is_dir() and sub.name[2:].isdigit():
@@ -472,7 +583,6 @@ def _load_variant_dir(variant_dir: Path) -> ProfileBundle:
             tps[tp] = _load_tp(sub, tp)
     if not tps:
         raise BundleError(f"{variant_dir}: no tp<N>/ folders with profile CSVs; run the profiler first")
-    eng = meta.get("engine_effective") or {}
     return ProfileBundle(
         path=variant_dir,
         hardware=str(meta.get("hardware", variant_dir.parents[2].name if len(variant_dir.parents) > 2 else "")),
@@ -480,9 +590,9 @@ def _load_variant_dir(variant_dir: Path) -> ProfileBundle:
         variant=str(meta.get("variant", variant_dir.name)),
         meta=meta,
         tps=tps,
-        skew_fit=_load_skew_fit(meta, variant_dir),
-        max_num_batched_tokens=eng.get("max_num_batched_tokens"),
-        max_num_seqs=eng.get("max_num_seqs"),
+        skew_fit=skew_fit,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
     )
 
 

@@ -3,8 +3,8 @@ that prices every step with a positive integer.
 
 A roofline bundle is generated once (``profiles.roofline.generate_bundle``); each example
 copies it, damages it (a missing table or meta.yaml, a NaN / infinite / negative / non-numeric
-cell, a dropped column, a short row, all data rows gone, rows removed, rows shuffled, time
-values that fall as the key grows, duplicated keys) and loads it with
+/ absurdly large cell, a bad engine limit in meta.yaml, a dropped column, a short row, all data
+rows gone, rows removed, rows shuffled, time values that fall as the key grows, duplicated keys) and loads it with
 ``profiles.bundle.load_bundle`` and ``ProfiledLatencyModel``. Documented handling: rows are
 sorted by key and the first of duplicated keys is kept; lookups between and beyond grid
 points interpolate and extrapolate linearly and are floored at 1 ns; a layer missing from a
@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,9 @@ from profiles.roofline import generate_bundle
 
 MODEL = load_model("meta-llama/Llama-3.1-8B")
 TABLES = ("dense.csv", "per_sequence.csv", "attention.csv")
-BAD_CELLS = ["nan", "NaN", "inf", "-inf", "-1", "0", "abc", "", "1e400", "1,5"]
+BAD_CELLS = ["nan", "NaN", "inf", "-inf", "-1", "0", "abc", "", "1e400", "1,5", "1e300", "1e30",
+             "-1e30", "4e9"]
+BAD_LIMITS = ["abc", -1, 0, 2.5, True, 10**12, [1], None]
 COUNTS = {"fuzzed": 0, "refused": 0, "loaded": 0}
 
 
@@ -57,8 +60,10 @@ def damages(draw):
     table = draw(st.sampled_from(TABLES))
     kind = draw(st.sampled_from(
         ["missing_file", "missing_meta", "bad_meta", "bad_cell", "drop_column", "short_row",
-         "no_rows", "drop_rows", "shuffle", "non_monotone", "duplicate_keys", "empty_file"]))
-    return table, kind, random.Random(draw(st.integers(0, 2**32))), draw(st.sampled_from(BAD_CELLS))
+         "no_rows", "drop_rows", "shuffle", "non_monotone", "duplicate_keys", "empty_file",
+         "meta_value"]))
+    bad = draw(st.sampled_from(BAD_LIMITS if kind == "meta_value" else BAD_CELLS))
+    return table, kind, random.Random(draw(st.integers(0, 2**32))), bad
 
 
 @settings(max_examples=120, deadline=None,
@@ -83,6 +88,17 @@ def test_damaged_bundle_is_refused_by_file_and_line_or_prices_positive(tmp_path,
     elif kind == "bad_meta":
         (vdir / "meta.yaml").write_text(rng.choice(["a: [1, 2", "- just\n- a list\n", "{: :}"]))
         expect_file = vdir / "meta.yaml"
+    elif kind == "meta_value":  # a profiled engine limit of the wrong type or range
+        key = rng.choice(["max_num_seqs", "max_num_batched_tokens"])
+        meta = yaml.safe_load((vdir / "meta.yaml").read_text())
+        meta["engine_effective"][key] = bad
+        text = yaml.safe_dump(meta)
+        (vdir / "meta.yaml").write_text(text)
+        expect_file = vdir / "meta.yaml"
+        expect_line = next(i for i, t in enumerate(text.splitlines(), start=1)
+                           if t.strip().startswith(f"{key}:"))
+        if bad is None:  # documented: an absent (null) limit means "not recorded"
+            kind = "null_limit"
     elif kind == "bad_cell":
         i = rng.randrange(len(rows))
         cells = rows[i].split(",")
@@ -117,7 +133,7 @@ def test_damaged_bundle_is_refused_by_file_and_line_or_prices_positive(tmp_path,
         rows = rows + extra
     else:  # empty_file
         header, rows = "", []
-    if kind not in ("missing_file", "missing_meta", "bad_meta"):
+    if kind not in ("missing_file", "missing_meta", "bad_meta", "meta_value", "null_limit"):
         path.write_text("\n".join([header, *rows]) + "\n" if header or rows else "")
     clear_bundle_cache()
     COUNTS["fuzzed"] += 1
@@ -129,8 +145,8 @@ def test_damaged_bundle_is_refused_by_file_and_line_or_prices_positive(tmp_path,
         where = f"{expect_file}:{expect_line}:" if expect_line else str(expect_file)
         assert where in msg, (kind, table, msg)
         return
-    assert kind in ("drop_rows", "shuffle", "non_monotone", "duplicate_keys", "zero_key"), (
-        kind, table)
+    assert kind in ("drop_rows", "shuffle", "non_monotone", "duplicate_keys", "zero_key",
+                    "null_limit"), (kind, table)
     COUNTS["loaded"] += 1
     for shape in _shapes(rng, 40):
         ns = model.iteration_ns(shape)

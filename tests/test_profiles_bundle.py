@@ -258,6 +258,12 @@ def test_missing_column(tmp_path: Path) -> None:
      ("qkv_proj,4.5,3", r"dense\.csv:5: column 'tokens' = '4.5' must be a non-negative integer"),
      ("qkv_proj,-4,3", r"dense\.csv:5: column 'tokens' = '-4' must be a non-negative integer"),
      ("qkv_proj,4", r"dense\.csv:5: 2 fields, header has 3"),
+     ("qkv_proj,4,1e300", r"dense\.csv:5: column 'time_us' = '1e300' us is above an hour"),
+     ("qkv_proj,4,3.7e9", r"dense\.csv:5: column 'time_us' = '3.7e9' us is above an hour"),
+     ("qkv_proj,4,-inf", r"dense\.csv:5: column 'time_us' = '-inf' is not finite"),
+     ("qkv_proj,1e30,3", r"dense\.csv:5: column 'tokens' = '1e30' is above 100000000"),
+     ("qkv_proj,100000001,3", r"dense\.csv:5: column 'tokens' = '100000001' is above"),
+     ("qkv_proj,nan,3", r"dense\.csv:5: column 'tokens' = 'nan' is not finite"),
      (",4,3", r"dense\.csv: a row has an empty 'layer' name")],
 )
 def test_bad_dense_values_name_file_and_line(tmp_path: Path, line: str, pattern: str) -> None:
@@ -300,6 +306,126 @@ def test_skew_bad_alpha_default(tmp_path: Path) -> None:
     skew = {"enabled": True, "per_tp": {1: {"alpha_default": "high"}}}
     with pytest.raises(BundleError, match=r"per_tp\.1\.alpha_default = 'high' is not a number"):
         load_bundle(write_bundle(tmp_path, skew=skew))
+
+
+@pytest.mark.parametrize(
+    ("table", "line", "pattern"),
+    [("attention.csv", "0,0,1,1000000000,8.5", r"attention\.csv:3: column 'kv_decode' = '1000000000' is above"),
+     ("attention.csv", "0,-16,1,32,8.5", r"attention\.csv:3: column 'kv_prefill' = '-16' must be a non-neg"),
+     ("per_sequence.csv", "lm_head,1e12,5", r"per_sequence\.csv:3: column 'sequences' = '1e12' is above"),
+     ("per_sequence.csv", "lm_head,2,9e99", r"per_sequence\.csv:3: column 'time_us' = '9e99' us is above")],
+)
+def test_absurd_sizes_and_latencies_name_file_and_line(tmp_path: Path, table: str, line: str,
+                                                      pattern: str) -> None:
+    vdir = write_bundle(tmp_path)
+    _replace_line(vdir / "tp1" / table, 3, line)
+    with pytest.raises(BundleError, match=pattern) as info:
+        load_bundle(vdir)
+    assert f"Re-export {table}" in str(info.value)
+
+
+def test_absurd_moe_value(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path, moe=True)
+    _replace_line(vdir / "tp1" / "moe.csv", 2, "1,2,inf")
+    with pytest.raises(BundleError, match=r"moe\.csv:2: column 'time_us' = 'inf' is not finite"):
+        load_bundle(vdir)
+    _replace_line(vdir / "tp1" / "moe.csv", 2, "1,200000000,3")
+    with pytest.raises(BundleError, match=r"moe\.csv:2: column 'activated_experts' = '200000000'"):
+        load_bundle(vdir)
+
+
+@pytest.mark.parametrize("cell", ["nan", "inf", "1e30", "-2e6", "x"])
+def test_bad_skew_table_alpha_names_file_and_line(tmp_path: Path, cell: str) -> None:
+    skew = {"enabled": True, "per_tp": {1: {"alpha_default": 0.1, "bucket_table": "tp1/skew_fit.csv"}}}
+    vdir = write_bundle(tmp_path, skew=skew)
+    (vdir / "tp1" / "skew_fit.csv").write_text(
+        "pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha,n_samples\n"
+        "0,n<=2,sr<=70%,kvB<=1k,kp=0,0.75,3\n"
+        f"0,n<=4,sr<=70%,kvB<=1k,kp=0,{cell},3\n"
+    )
+    with pytest.raises(BundleError, match=r"skew_fit\.csv:3: column 'alpha'") as info:
+        load_bundle(vdir)
+    assert "Re-run the alpha fit" in str(info.value)
+
+
+def _meta_line(vdir: Path, key: str) -> int:
+    """1-based line of ``key:`` in meta.yaml (the test's own reading, not the loader's)."""
+    lines = (vdir / "meta.yaml").read_text().splitlines()
+    return next(i for i, t in enumerate(lines, start=1) if t.strip().startswith(f"{key}:"))
+
+
+@pytest.mark.parametrize("value", ["abc", -1, 0, 1.5, True, 10**9, float("nan"), [4]])
+@pytest.mark.parametrize("key", ["max_num_seqs", "max_num_batched_tokens"])
+def test_bad_engine_limits_name_meta_line(tmp_path: Path, key: str, value: object) -> None:
+    vdir = write_bundle(tmp_path)
+    meta = yaml.safe_load((vdir / "meta.yaml").read_text())
+    meta["engine_effective"][key] = value
+    (vdir / "meta.yaml").write_text(yaml.safe_dump(meta))
+    line = _meta_line(vdir, key)
+    with pytest.raises(BundleError, match=rf"meta\.yaml:{line}: engine_effective\.{key} = .* must "
+                                          rf"be an int in \[1, 100000000\]"):
+        load_bundle(vdir)
+
+
+def test_engine_effective_must_be_a_mapping(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    meta = yaml.safe_load((vdir / "meta.yaml").read_text())
+    meta["engine_effective"] = [1, 2]
+    (vdir / "meta.yaml").write_text(yaml.safe_dump(meta))
+    with pytest.raises(BundleError, match=rf"meta\.yaml:{_meta_line(vdir, 'engine_effective')}: "
+                                          "engine_effective must be a mapping"):
+        load_bundle(vdir)
+
+
+@pytest.mark.parametrize(("value", "needle"), [(float("nan"), "is not a number"),
+                                               (float("inf"), "is not a number"),
+                                               (True, "is not a number"),
+                                               (1e30, "is beyond +-1e+06")])
+def test_bad_alpha_defaults_name_meta_line(tmp_path: Path, value: object, needle: str) -> None:
+    skew = {"enabled": True, "alpha_default": value, "per_tp": {1: {"alpha_default": 0.1}}}
+    vdir = write_bundle(tmp_path, skew=skew)
+    with pytest.raises(BundleError) as info:
+        load_bundle(vdir)
+    msg = str(info.value)
+    assert f"meta.yaml:{_meta_line(vdir, 'alpha_default')}: skew_fit.alpha_default" in msg, msg
+    assert needle in msg
+    skew = {"enabled": True, "per_tp": {1: {"alpha_default": value}}}
+    vdir = write_bundle(tmp_path / "per_tp", skew=skew)
+    with pytest.raises(BundleError) as info:
+        load_bundle(vdir)
+    msg = str(info.value)
+    assert f"meta.yaml:{_meta_line(vdir, 'alpha_default')}: skew_fit.per_tp.1.alpha_default" in msg
+    assert needle in msg
+
+
+@pytest.mark.parametrize(("bins", "needle"), [([0, 2, 2], "must increase strictly"),
+                                              ([0, 5, 2], "must increase strictly"),
+                                              ([0, float("nan"), 9], "has a non-number"),
+                                              ([0, "x", 9], "has a non-number"),
+                                              ([0, True, 9], "has a non-number")])
+def test_bad_bucket_edges_name_meta_line(tmp_path: Path, bins: list, needle: str) -> None:
+    skew = {"enabled": True, "bucket_axes": {"n_bins": bins, "n_labels": ["a", "b"]},
+            "per_tp": {1: {"alpha_default": 0.1}}}
+    vdir = write_bundle(tmp_path, skew=skew)
+    with pytest.raises(BundleError, match=rf"meta\.yaml:{_meta_line(vdir, 'n_bins')}: "
+                                          rf"bucket_axes\.n_bins {needle}"):
+        load_bundle(vdir)
+
+
+def test_bucket_table_outside_the_bundle_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere.csv").write_text("pc,n_label,skew_rate_label,kv_big_label,kp_label,alpha\n")
+    skew = {"enabled": True, "per_tp": {1: {"bucket_table": "../../../../../elsewhere.csv"}}}
+    vdir = write_bundle(tmp_path, skew=skew)
+    with pytest.raises(BundleError, match=r"meta\.yaml:\d+: skew_fit\.per_tp\.1\.bucket_table names "
+                                          r".*, outside the bundle"):
+        load_bundle(vdir)
+
+
+def test_meta_not_utf8(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    (vdir / "meta.yaml").write_bytes(b"hardware: \xff\xfe\n")
+    with pytest.raises(BundleError, match=r"meta\.yaml: not UTF-8 text"):
+        load_bundle(vdir)
 
 
 # ----------------------------------------------------------------------------- shipped data

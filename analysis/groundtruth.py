@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.metrics import compute_metrics
-from engine.specs import ConfigError
+from engine.specs import SIMULATOR_FIELDS, ConfigError, EngineConfig, SettingError
 
 NS_PER_S = 1_000_000_000
 REQUEST_FIELDS = (
@@ -392,17 +392,46 @@ def load_groundtruth(truth: str | Path) -> GroundTruth:
     )
 
 
-def engine_settings(truth: GroundTruth | str | Path) -> dict[str, Any]:
-    """The vLLM engine settings of a ground-truth run, in our names.
+# vLLM engine kwargs recorded in meta.json under another name than EngineConfig's field.
+_KWARG_RENAMES = {"scheduler_reserve_full_isl": "reserve_full_isl"}
 
-    ``tp``/``dp`` from the engine kwargs; ``ep`` = tp x dp when expert parallelism was on
-    (vLLM spreads experts over all TP x DP ranks), else 1. ``mem_util`` comes from the
-    engine kwargs' ``gpu_memory_utilization`` when recorded, else from the cluster config's
-    first ``npu_mem.mem_util``, else vLLM's default 0.9. ``num_gpu_blocks`` is present
-    only when meta.json records ``kv_cache.num_gpu_blocks``.
+
+@dataclass(frozen=True, slots=True)
+class RecordedEngine:
+    """What a ground-truth vLLM run ran with, converted once: the engine settings of each
+    instance (``config``, vLLM's names) and the run-wide facts that are not per-instance
+    settings (``data_parallel_size``, the weight ``dtype``, the ``seed``)."""
+
+    config: EngineConfig
+    data_parallel_size: int
+    dtype: str
+    seed: Any
+
+    def params(self) -> dict[str, Any]:
+        """The vLLM settings as flat ``name: value`` pairs (vLLM's names; for logging)."""
+        out = {f.name: getattr(self.config, f.name) for f in fields(EngineConfig)
+               if f.name not in SIMULATOR_FIELDS}
+        out.update(data_parallel_size=self.data_parallel_size, dtype=self.dtype, seed=self.seed)
+        return out
+
+
+def recorded_engine(truth: GroundTruth | str | Path, base: EngineConfig | None = None
+                    ) -> RecordedEngine:
+    """The engine settings a ground-truth run recorded, on top of ``base`` (default:
+    ``EngineConfig()``, vLLM's defaults).
+
+    Every ``engine_kwargs`` entry of ``vllm/meta.json`` that is an ``EngineConfig`` field is
+    taken by its name (``scheduler_reserve_full_isl`` sets ``reserve_full_isl``);
+    ``max_model_len`` is taken even when null. ``expert_parallel_size`` is tp x dp when
+    ``enable_expert_parallel`` was on (vLLM spreads the experts over every TP x DP rank), else 1.
+    ``gpu_memory_utilization`` falls back to the cluster config's first ``npu_mem.mem_util``
+    (the reference's name for it), then to ``base``'s; a recorded ``kv_cache.num_gpu_blocks``
+    is the KV capacity (``num_gpu_blocks_override``). A value ``EngineConfig`` refuses is an
+    error naming meta.json and the key.
     """
     gt = truth if isinstance(truth, GroundTruth) else load_groundtruth(truth)
-    where = f"{gt.path / 'vllm' / 'meta.json'}.engine_kwargs"
+    meta_path = gt.path / "vllm" / "meta.json"
+    where = f"{meta_path}.engine_kwargs"
     kw = gt.meta["engine_kwargs"]
     required = (
         "max_num_seqs",
@@ -414,25 +443,37 @@ def engine_settings(truth: GroundTruth | str | Path) -> dict[str, Any]:
     )
     for key in required:
         _need(kw, key, where)
-    tp = int(kw["tensor_parallel_size"])
-    dp = int(kw.get("data_parallel_size", 1))
-    mem_util = kw.get("gpu_memory_utilization")
-    if mem_util is None:
+    names = {f.name for f in fields(EngineConfig)} - set(SIMULATOR_FIELDS)
+    source: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    for key, value in kw.items():
+        name = _KWARG_RENAMES.get(key, key)
+        if name in names and (value is not None or name == "max_model_len"):
+            values[name], source[name] = value, f"engine_kwargs.{key}"
+    values.setdefault("max_model_len", None)
+    tp, dp = kw["tensor_parallel_size"], kw.get("data_parallel_size", 1)
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise ConfigError(f"{where}.data_parallel_size: must be an integer >= 1, got {dp!r}")
+    if kw.get("enable_expert_parallel") and isinstance(tp, int):
+        values["expert_parallel_size"] = tp * dp
+        source["expert_parallel_size"] = "engine_kwargs.enable_expert_parallel"
+    if "gpu_memory_utilization" not in values:
         utils = [i.npu_mem.mem_util for i in gt.cluster.instances if i.npu_mem.mem_util]
-        mem_util = utils[0] if utils else 0.9
-    out: dict[str, Any] = {
-        "max_num_seqs": int(kw["max_num_seqs"]),
-        "max_num_batched_tokens": int(kw["max_num_batched_tokens"]),
-        "tp": tp,
-        "dp": dp,
-        "ep": tp * dp if kw.get("enable_expert_parallel") else 1,
-        "dtype": kw["dtype"],
-        "kv_cache_dtype": kw["kv_cache_dtype"],
-        "mem_util": float(mem_util),
-        "seed": kw["seed"],
-        "max_model_len": kw.get("max_model_len"),
-    }
+        if utils:
+            values["gpu_memory_utilization"] = utils[0]
+            source["gpu_memory_utilization"] = "config.json npu_mem.mem_util"
     kv = gt.meta.get("kv_cache")
     if isinstance(kv, dict) and kv.get("num_gpu_blocks") is not None:
-        out["num_gpu_blocks"] = int(kv["num_gpu_blocks"])
-    return out
+        values["num_gpu_blocks_override"] = kv["num_gpu_blocks"]
+        source["num_gpu_blocks_override"] = "kv_cache.num_gpu_blocks"
+    try:
+        config = replace(base or EngineConfig(), **values)
+    except SettingError as err:
+        raise ConfigError(f"{meta_path}: {source.get(err.field, err.field)}: {err}") from None
+    return RecordedEngine(config, dp, str(kw["dtype"]), kw["seed"])
+
+
+def engine_settings(truth: GroundTruth | str | Path) -> dict[str, Any]:
+    """The vLLM settings of a ground-truth run as flat pairs in vLLM's names
+    (``recorded_engine(truth).params()``)."""
+    return recorded_engine(truth).params()

@@ -18,16 +18,21 @@ or host memory stream from there every step (``profiles.placement``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from analysis.groundtruth import ClusterSpec, InstanceSpec, load_cluster_config
+from analysis.groundtruth import (
+    INSTANCE_OVERRIDES,
+    ClusterSpec,
+    InstanceSpec,
+    load_cluster_config,
+)
 from astra_bridge.memory import MemoryTier, TierKind
 from engine.kv_tiers import KVTierPool, SharedTierPools, chunk_tokens_for
 from engine.memory import kv_capacity
 from engine.simulate import InstanceSpec as EngineInstance
-from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
+from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec, SettingError
 from profiles.bundle import BundleError, ProfileBundle, load_bundle, variant_name
 from profiles.catalog import list_hardware, load_hardware, load_model, model_from_hf_config
 from profiles.parallel import (
@@ -43,17 +48,11 @@ from profiles.roofline import ensure_bundle
 
 UNLIMITED = 1 << 30  # the reference maps 0 to "no limit" for max_num_seqs / batched tokens
 
-# The reference's per-instance runtime overrides we honour, and the EngineConfig field each sets.
-_OVERRIDES = {
-    "max_num_seqs": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "long_prefill_token_threshold": "long_prefill_token_threshold",
-    "enable_prefix_caching": "enable_prefix_caching",
-    "enable_chunked_prefill": "enable_chunked_prefill",
-    "reserve_full_isl": "reserve_full_isl",
-    "block_size": "block_size",
-    "kv_cache_dtype": "kv_cache_dtype",
-}
+# The reference's per-instance runtime overrides (its CLI flags) that are EngineConfig fields
+# by the same name: every one of them but ``dtype`` (a model property) and the unsupported ones.
+_OVERRIDES = tuple(
+    key for key in INSTANCE_OVERRIDES if key in {f.name for f in fields(EngineConfig)}
+)
 # Reference features that change timing and that we do not model: refuse rather than ignore.
 _UNSUPPORTED = ("enable_local_offloading", "enable_attn_offloading", "enable_sub_batch_interleaving")
 
@@ -116,27 +115,31 @@ def _bundle_for(
     )
 
 
-def _engine_config(inst: InstanceSpec, model: ModelSpec, base: EngineConfig, layout: Any) -> EngineConfig:
+def _engine_config(
+    inst: InstanceSpec, model: ModelSpec, base: EngineConfig, layout: Any, where: str
+) -> EngineConfig:
+    """``base`` with the instance's overrides, memory share and parallel layout, converted
+    once (``EngineConfig`` checks the result; an override's error names its key at ``where``)."""
     ov = inst.overrides
     for key in _UNSUPPORTED:
         if ov.get(key):
             raise ConfigError(f"instance override {key}=true is not supported by servesweep")
-    cfg = base
-    for key, field in _OVERRIDES.items():
-        if key in ov:
-            cfg = replace(cfg, **{field: ov[key]})
-    if cfg.max_num_seqs == 0:
-        cfg = replace(cfg, max_num_seqs=UNLIMITED)
-    if cfg.max_num_batched_tokens == 0:
-        cfg = replace(cfg, max_num_batched_tokens=model.max_position_embeddings)
-    if inst.npu_mem.mem_util is not None:
-        cfg = replace(cfg, gpu_memory_utilization=float(inst.npu_mem.mem_util))
-    return replace(
-        cfg,
+    values: dict[str, Any] = {key: ov[key] for key in _OVERRIDES if key in ov}
+    if values.get("max_num_seqs") == 0:
+        values["max_num_seqs"] = UNLIMITED
+    if values.get("max_num_batched_tokens") == 0:
+        values["max_num_batched_tokens"] = model.max_position_embeddings
+    if inst.npu_mem.mem_util is not None:  # the reference's name for gpu_memory_utilization
+        values["gpu_memory_utilization"] = float(inst.npu_mem.mem_util)
+    values.update(
         tensor_parallel_size=layout.tp,
         pipeline_parallel_size=layout.pp,
         expert_parallel_size=layout.ep if model.is_moe else 1,
     )
+    try:
+        return replace(base, **values)
+    except SettingError as err:  # name the cluster-config key when the value came from there
+        raise (err.named(f"{where}.") if err.field in ov else err) from None
 
 
 def build_reference_cluster(
@@ -181,12 +184,12 @@ def build_reference_cluster(
                 f"node {node_id}: cpu_mem.pim_config ignored (PIM attention offloading is off "
                 "unless enabled, and servesweep does not model it)"
             )
-        for inst in node.instances:
+        for k, inst in enumerate(node.instances):
             name = f"instance{index}"
             model = _model(inst.model_name, mc, models or {})
             layout = layout_for_instance(inst, all_insts, model)
             hw = _hardware(inst)
-            cfg = _engine_config(inst, model, base, layout)
+            cfg = _engine_config(inst, model, base, layout, f"nodes[{node_id}].instances[{k}]")
             if "dtype" in inst.overrides:
                 model = replace(model, dtype=inst.overrides["dtype"])
             placement: WeightPlacement | None = placement_for_instance(

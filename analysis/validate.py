@@ -1,7 +1,8 @@
 """``python -m analysis validate``: replay a vLLM ground-truth run and compare.
 
-It runs the engine with the settings the truth recorded (``vllm/meta.json`` engine kwargs
-and the ``config.json`` cluster file), prints a side-by-side table of the 15 validation
+It runs the engine with the settings the truth recorded (``vllm/meta.json`` engine kwargs,
+converted once by ``analysis.groundtruth.recorded_engine``, and the ``config.json`` cluster
+file), prints a side-by-side table of the 15 validation
 metrics (TTFT/TPOT/E2E latency x mean/median/P90/P95/P99; Diff% = (sim − vLLM)/vLLM·100)
 and writes a JSON report.
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from analysis.groundtruth import GroundTruth, engine_settings, load_groundtruth
+from analysis.groundtruth import GroundTruth, RecordedEngine, load_groundtruth, recorded_engine
 from analysis.metrics import VALIDATION_METRICS, compare, compute_metrics, format_comparison
 from analysis.scenario import ClusterBuild, build_reference_cluster
 from engine.memory import kv_capacity
@@ -42,55 +43,19 @@ class ValidationRun:
     result: SimulationResult
 
 
-# vLLM engine kwargs that map one-to-one onto EngineConfig fields when a run records them.
-_KWARG_FIELDS = {
-    "block_size": "block_size",
-    "enable_prefix_caching": "enable_prefix_caching",
-    "enable_chunked_prefill": "enable_chunked_prefill",
-    "long_prefill_token_threshold": "long_prefill_token_threshold",
-    "scheduler_reserve_full_isl": "reserve_full_isl",
-    "async_scheduling": "async_scheduling",
-    "num_gpu_blocks_override": "num_gpu_blocks_override",
-}
-
-
-def base_config(
-    settings: dict[str, Any], base: EngineConfig, kwargs: dict[str, Any] | None = None
-) -> EngineConfig:
-    """The run-wide engine settings vLLM recorded; parallelism comes from the cluster file.
-
-    Recorded ``engine_kwargs`` such as ``enable_prefix_caching``, ``block_size`` or
-    ``scheduler_reserve_full_isl`` override the defaults; a recorded
-    ``kv_cache.num_gpu_blocks`` is the KV capacity."""
-    cfg = replace(
-        base,
-        max_num_seqs=settings["max_num_seqs"],
-        max_num_batched_tokens=settings["max_num_batched_tokens"],
-        gpu_memory_utilization=settings["mem_util"],
-        kv_cache_dtype=settings["kv_cache_dtype"],
-        max_model_len=settings.get("max_model_len"),
-    )
-    for key, field in _KWARG_FIELDS.items():
-        value = (kwargs or {}).get(key)
-        if value is not None:
-            cfg = replace(cfg, **{field: value})
-    if settings.get("num_gpu_blocks") is not None:
-        cfg = replace(cfg, num_gpu_blocks_override=settings["num_gpu_blocks"])
-    return cfg
-
-
-def _check_parallelism(gt: GroundTruth, settings: dict[str, Any], build: ClusterBuild) -> None:
+def _check_parallelism(gt: GroundTruth, recorded: RecordedEngine, build: ClusterBuild) -> None:
     """The cluster file and vLLM's engine kwargs must describe the same deployment."""
     n = len(build.instances)
     tp = {i.config.tensor_parallel_size for i in build.instances}
-    if tp != {settings["tp"]}:
+    ran_tp, dp = recorded.config.tensor_parallel_size, recorded.data_parallel_size
+    if tp != {ran_tp}:
         raise ConfigError(
             f"{gt.path}: config.json gives tensor parallel {sorted(tp)} but vLLM ran "
-            f"tensor_parallel_size={settings['tp']}; make them agree"
+            f"tensor_parallel_size={ran_tp}; make them agree"
         )
-    if settings["dp"] > 1 and n != settings["dp"]:
+    if dp > 1 and n != dp:
         raise ConfigError(
-            f"{gt.path}: vLLM ran data_parallel_size={settings['dp']} but config.json has {n} "
+            f"{gt.path}: vLLM ran data_parallel_size={dp} but config.json has {n} "
             "instance(s); give one instance per DP rank"
         )
 
@@ -108,8 +73,8 @@ def run_validation(
     compare. ``reference_dp`` prices DP rounds as the reference does (see
     ``analysis.scenario.build_reference_cluster``) instead of as vLLM runs them."""
     gt = load_groundtruth(truth)
-    settings = engine_settings(gt)
-    config = base_config(settings, base or EngineConfig(), gt.meta.get("engine_kwargs"))
+    recorded = recorded_engine(gt, base)
+    config = recorded.config
     models: dict[str, ModelSpec] = {}
     if model_config:
         name = gt.cluster.instances[0].model_name
@@ -126,7 +91,7 @@ def run_validation(
         roofline_fallback=False,  # validate the profiles given, never a generated stand-in
         reference_dp=reference_dp,
     )
-    _check_parallelism(gt, settings, build)
+    _check_parallelism(gt, recorded, build)
     limit = gt.meta.get("num_requests")
     requests = read_jsonl(workload, limit=int(limit) if limit else None)
 

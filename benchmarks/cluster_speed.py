@@ -30,9 +30,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from analysis.groundtruth import ClusterSpec, engine_settings, load_groundtruth
+from analysis.groundtruth import ClusterSpec, load_groundtruth, recorded_engine
 from analysis.scenario import build_reference_cluster
-from analysis.validate import base_config
 from engine.simulate import simulate_cluster
 from engine.specs import EngineConfig
 from profiles.bundle import clear_bundle_cache
@@ -66,7 +65,7 @@ def cases(data: Path) -> list[tuple[str, ClusterSpec, EngineConfig, Path, bool]]
     out = []
     for key, (name, workload) in RUNS.items():
         gt = load_groundtruth(data / "groundtruth" / "RTXPRO6000" / name)
-        cfg = base_config(engine_settings(gt), EngineConfig(), gt.meta.get("engine_kwargs"))
+        cfg = recorded_engine(gt).config
         wl = data / "workloads" / workload
         if key == "llama":
             out.append(("Llama-3.1-8B TP1 (baseline)", gt.cluster, cfg, wl, False))

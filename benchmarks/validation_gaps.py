@@ -56,7 +56,7 @@ def main() -> int:
         "default (async, exposed overhead)": base,
     }
     runs = {label: (cfg, False) for label, cfg in variants.items()}
-    if V.engine_settings(V.load_groundtruth(truth))["dp"] > 1:
+    if V.recorded_engine(V.load_groundtruth(truth)).data_parallel_size > 1:
         runs["default, reference DP rounds"] = (base, True)
     cols = {}
     for label, (cfg, ref_dp) in runs.items():

@@ -21,6 +21,9 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # model's dtype) and the fp8 formats (one byte per element). fp8_inc (Intel Gaudi only) and
 # fp8_ds_mla (DeepSeek's MLA layout) are left out.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# EngineConfig fields that are the simulator's, not vLLM settings: the host-overhead
+# calibration (docs/validation.md) and free-form extras.
+SIMULATOR_FIELDS = ("step_overhead_us", "step_overhead_hidden_ms", "extra")
 
 
 class ConfigError(ValueError):

@@ -16,7 +16,7 @@ from typing import Any, get_type_hints
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
-from engine.specs import EngineConfig
+from engine.specs import SIMULATOR_FIELDS, EngineConfig
 
 
 @dataclass
@@ -62,12 +62,11 @@ class DeploymentConf:
     prefix_storage: str = "none"  # prefix-cache tier below the NPU: none, cpu, cxl
 
 
-# EngineConfig fields that are not keys of the cluster group: the simulator's host-overhead
-# calibration (docs/validation.md), free-form extras, and chunked prefill (always on in the
+# EngineConfig fields that are not keys of the cluster group: the simulator's own
+# (SIMULATOR_FIELDS: host-overhead calibration, extras) and chunked prefill (always on in the
 # sweeps so far). A new key changes every point's config hash (sweep.config_hash), so a resumed
 # sweep would re-run its finished points: add one together with a HASH_VERSION bump.
-NOT_CLUSTER_KEYS = ("enable_chunked_prefill", "step_overhead_us", "step_overhead_hidden_ms",
-                    "extra")
+NOT_CLUSTER_KEYS = ("enable_chunked_prefill", *SIMULATOR_FIELDS)
 
 
 def _engine_fields() -> list[tuple[str, Any, Any]]:

@@ -14,9 +14,10 @@ from analysis.groundtruth import (
     load_groundtruth,
     parse_cluster_config,
     read_vllm_requests,
+    recorded_engine,
 )
 from analysis.metrics import VALIDATION_METRICS, compute_metrics
-from engine.specs import ConfigError
+from engine.specs import ConfigError, EngineConfig
 
 # vLLM columns of the committed validation summaries (timing-model spec §5.4), ms, in
 # VALIDATION_METRICS order: TTFT, TPOT, Latency x mean/median/p90/p95/p99.
@@ -87,23 +88,19 @@ def test_llama_request_frame(shared_data):
 
 
 @pytest.mark.groundtruth
-def test_engine_settings(shared_data):
-    llama = engine_settings(_truth(shared_data, "Llama-3.1-8B"))
-    assert llama == {
-        "max_num_seqs": 128,
-        "max_num_batched_tokens": 2048,
-        "tp": 1,
-        "dp": 1,
-        "ep": 1,
-        "dtype": "bfloat16",
-        "kv_cache_dtype": "auto",
-        "mem_util": 0.9,
-        "seed": 42,
-        "max_model_len": None,
-    }
-    moe = engine_settings(load_groundtruth(_truth(shared_data, "Qwen3-30B-A3B-Instruct-2507")))
-    assert (moe["tp"], moe["dp"], moe["ep"]) == (1, 2, 2)
-    assert engine_settings(_truth(shared_data, "Qwen3-32B"))["tp"] == 2
+def test_recorded_engine_settings_in_vllms_names(shared_data):
+    llama = recorded_engine(_truth(shared_data, "Llama-3.1-8B"))
+    assert llama.config == EngineConfig(max_num_seqs=128, max_num_batched_tokens=2048,
+                                        gpu_memory_utilization=0.9, kv_cache_dtype="auto")
+    assert (llama.data_parallel_size, llama.dtype, llama.seed) == (1, "bfloat16", 42)
+    params = engine_settings(_truth(shared_data, "Llama-3.1-8B"))
+    assert params["gpu_memory_utilization"] == 0.9 and params["tensor_parallel_size"] == 1
+    assert params["max_model_len"] is None and params["data_parallel_size"] == 1
+    assert "mem_util" not in params and "step_overhead_us" not in params
+    moe = recorded_engine(load_groundtruth(_truth(shared_data, "Qwen3-30B-A3B-Instruct-2507")))
+    c = moe.config
+    assert (c.tensor_parallel_size, moe.data_parallel_size, c.expert_parallel_size) == (1, 2, 2)
+    assert recorded_engine(_truth(shared_data, "Qwen3-32B")).config.tensor_parallel_size == 2
 
 
 @pytest.mark.groundtruth
@@ -224,10 +221,10 @@ def test_small_truth_and_num_gpu_blocks(tmp_path):
     second = {**REQ, "request_id": "bench-1", "queued_ts": 100.1, "scheduled_ts": 100.1,
               "first_token_ts": 100.2, "last_token_ts": 100.3, "output_toks": 1}  # fmt: skip
     gt = load_groundtruth(_make_truth(tmp_path, reqs=(REQ, second)))
-    s = engine_settings(gt)
-    assert s["num_gpu_blocks"] == 1234
-    assert s["mem_util"] == 0.8  # from the cluster config: meta does not record it
-    assert s["kv_cache_dtype"] == "fp8"
+    c = recorded_engine(gt).config
+    assert c.num_gpu_blocks_override == 1234
+    assert c.gpu_memory_utilization == 0.8  # from the cluster config: meta does not record it
+    assert c.kv_cache_dtype == "fp8" and (c.max_num_seqs, c.max_num_batched_tokens) == (64, 1024)
     assert gt.cluster.instances[0].extra == {"my_knob": 3}
     m = compute_metrics(gt.requests)
     assert m["ttft_ms_mean"] == pytest.approx((50 + 100) / 2)
@@ -273,7 +270,37 @@ def test_missing_engine_kwargs_and_settings_field(tmp_path):
     kw = {k: v for k, v in META["engine_kwargs"].items() if k != "max_num_seqs"}
     gt = load_groundtruth(_make_truth(tmp_path, meta={"engine_kwargs": kw}))
     with pytest.raises(ConfigError, match="max_num_seqs"):
-        engine_settings(gt)
+        recorded_engine(gt)
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"block_size": 7}, r"engine_kwargs\.block_size: block_size=7 is not allowed; allowed: "
+                            r"one of \[1, 8, 16, 32, 64, 128, 256\]"),
+        ({"gpu_memory_utilization": 90}, r"engine_kwargs\.gpu_memory_utilization: .*did you mean"),
+        ({"scheduler_reserve_full_isl": "yes"}, r"engine_kwargs\.scheduler_reserve_full_isl: "
+                                                r"reserve_full_isl='yes'"),
+        ({"data_parallel_size": 0}, r"engine_kwargs\.data_parallel_size"),
+    ],
+)
+def test_a_bad_recorded_setting_names_meta_json_and_its_key(tmp_path, change, needle):
+    meta = {**META, "engine_kwargs": {**META["engine_kwargs"], **change}}
+    gt = load_groundtruth(_make_truth(tmp_path, meta=meta))
+    with pytest.raises(ConfigError, match=needle) as err:
+        recorded_engine(gt)
+    assert "meta.json" in str(err.value)
+
+
+def test_recorded_kwargs_override_the_base_and_the_defaults(tmp_path):
+    kw = {**META["engine_kwargs"], "block_size": 32, "enable_prefix_caching": False,
+          "scheduler_reserve_full_isl": False, "gpu_memory_utilization": 0.7}
+    gt = load_groundtruth(_make_truth(tmp_path, meta={**META, "engine_kwargs": kw}))
+    c = recorded_engine(gt, EngineConfig(async_scheduling=False, max_model_len=4096)).config
+    assert (c.block_size, c.enable_prefix_caching, c.reserve_full_isl) == (32, False, False)
+    assert c.gpu_memory_utilization == 0.7  # recorded by vLLM: wins over the cluster config
+    assert c.async_scheduling is False  # from the base
+    assert c.max_model_len is None  # not recorded: vLLM used the model's context length
 
 
 def test_timeseries_missing_column(tmp_path):

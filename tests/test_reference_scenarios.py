@@ -106,6 +106,22 @@ def test_unknown_hardware_without_bundle_is_one_clear_error(shared_data: Path, t
                      shared_data / "llmservingsim" / "profiles", num_reqs=2)
 
 
+def test_a_bad_instance_override_names_its_key(shared_data: Path, tmp_path: Path) -> None:
+    import json
+
+    from analysis.groundtruth import load_cluster_config
+    from analysis.scenario import build_reference_cluster
+
+    d = shared_data / "llmservingsim"
+    data = json.loads((d / "configs" / "cluster" / "single_node_single_instance.json").read_text())
+    data["nodes"][0]["instances"][0]["block_size"] = 7
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"^nodes\[0\]\.instances\[0\]\.block_size=7 is not "
+                       r"allowed; allowed: one of \[1, 8, 16, 32, 64, 128, 256\]"):
+        build_reference_cluster(load_cluster_config(path), d / "profiles")
+
+
 def test_moe_dp_ep_validation_beats_the_reference(shared_data: Path) -> None:
     d = shared_data / "llmservingsim"
     run = validate_mod.run_validation(

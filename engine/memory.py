@@ -1,7 +1,7 @@
 """The instance memory model: per-rank weight bytes and the KV-cache capacity in blocks.
 
-Capacity follows the formula ``mem_size · mem_util − weights`` per rank, split into blocks of
-``block_size`` tokens over all layers of the rank (vLLM ``get_num_blocks``:
+Capacity follows the formula ``mem_size · gpu_memory_utilization − weights`` per rank, split
+into blocks of ``block_size`` tokens over all layers of the rank (vLLM ``get_num_blocks``:
 ``floor(available / (page_size · L))``, with ``page_size = 2 · B · kv_heads_rank · head_dim ·
 kv_bytes``). Activation peak and CUDA context are not subtracted unless
 ``EngineConfig.extra["non_kv_overhead_gib"]`` says how much to reserve; a measured block count
@@ -101,7 +101,8 @@ class KVCapacity:
 
 
 def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) -> KVCapacity:
-    """Blocks of KV cache one instance gets (``mem_size · mem_util − weights`` per rank)."""
+    """Blocks of KV cache one instance gets (``mem_size · gpu_memory_utilization − weights``
+    per rank)."""
     config.check_model(model)  # the settings' own range checks ran when it was built
     tp = config.tensor_parallel_size
     pp = config.pipeline_parallel_size

@@ -1,4 +1,5 @@
-"""KV capacity (``mem_size · mem_util − weights``) and clear errors for bad engine input."""
+"""KV capacity (``mem_size · gpu_memory_utilization − weights``) and clear errors for bad engine
+input."""
 
 from __future__ import annotations
 

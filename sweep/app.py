@@ -65,7 +65,9 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         recorder.start()
         ret = JobReturn(status=JobStatus.COMPLETED, _return_value=result)
         recorder.job_done(0, cfg, ret)
-        recorder.close("FINISHED")
+        problem = recorder.close("FINISHED")
+        if problem:
+            raise SystemExit(problem)
         metrics = result["metrics"]
         for key in SUMMARY_KEYS:
             log.info(f"{key:>20}: {metrics.get(key, float('nan')):.4g}")

@@ -2,22 +2,29 @@
 
 ``SweepRecorder`` is the ``ray_actor`` launcher's recorder hook (``hydra.launcher.recorder``)
 and is also used by a single ``python -m sweep`` run. For a sweep it opens a parent MLflow
-run, logs one child run per grid point as results arrive (flattened config as params, the
-metrics, the per-second time series as step metrics, the per-request Parquet, the resolved
-config and a plot as artifacts) and at the end writes ``results.parquet`` (one row per
-point: config columns + metrics) into the sweep directory. Every point carries the content
-hash of its config (``sweep.config_hash``) as an MLflow tag and param and a table column;
-``previous_result`` finds a point's finished run by that hash, so the launcher can resume a
-sweep, and a resumed point's row reuses that run (``resumed_from``) instead of logging a
-new one. Job files are written at once;
-MLflow calls go through one background writer thread (still one process, one writer), so
-the launcher's dispatch loop never waits on the store.
+run, claims each grid point in the store before it runs (``sweep.claims``: the point's own
+run, ``RUNNING`` with a heartbeat, so two sweeps on one store run each point once between
+them), logs into that run as the result arrives (flattened config as params, the metrics,
+the per-second time series as step metrics, the per-request Parquet, the resolved config and
+a plot as artifacts) and at the end writes ``results.parquet`` (one row per point: config
+columns + metrics) into the sweep directory. Every point carries the content hash of its
+config (``sweep.config_hash``) as an MLflow tag and param and a table column; a point that
+already has a ``FINISHED`` run is not run again, its row reuses that run (``resumed_from``).
+
+Nothing reported as recorded is missing: files are written to a temporary name and renamed,
+a point's run is set ``FINISHED`` only after its files and every MLflow write succeeded
+(``KILLED`` with a ``servesweep.incomplete`` tag otherwise, so a rerun computes it again),
+and ``close`` counts what could not be written (``missing`` column, parent tags, summary
+line) and returns a message that makes the sweep exit non-zero. MLflow calls go through one
+background writer thread (still one process, one writer), so the launcher's dispatch loop
+never waits on the store.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +36,9 @@ import pyarrow.parquet as pq
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
 
+from sweep.claims import Claims, Decision, PointClaim
 from sweep.config_hash import HASH_KEY, point_hash
+from sweep.tracking import TrackingError, TrackingWriteError, finite_metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +68,26 @@ def task_config(cfg: DictConfig) -> dict[str, Any]:
     return data
 
 
+def atomic_write(path: Path, data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename,
+    so a reader (or a full disk) never sees a truncated file; the temporary is removed on
+    failure."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        if isinstance(data, str):
+            tmp.write_text(data)
+        else:
+            tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def write_results_table(rows: list[dict[str, Any]], path: Path, meta: dict[str, Any]) -> Path:
-    """Rows to Parquet with ``meta`` (JSON) in the schema metadata under ``servesweep``."""
+    """Rows to Parquet with ``meta`` (JSON) in the schema metadata under ``servesweep``
+    (written atomically)."""
     frame = pd.DataFrame(rows)
     for col in frame.columns:
         if frame[col].dtype == object:
@@ -69,8 +96,9 @@ def write_results_table(rows: list[dict[str, Any]], path: Path, meta: dict[str, 
                 frame[col] = frame[col].map(lambda v: None if v is None else str(v))
     table = pa.Table.from_pandas(frame, preserve_index=False)
     merged = {**(table.schema.metadata or {}), METADATA_KEY: json.dumps(meta).encode()}
-    pq.write_table(table.replace_schema_metadata(merged), path)
-    return path
+    sink = pa.BufferOutputStream()
+    pq.write_table(table.replace_schema_metadata(merged), sink)
+    return atomic_write(path, sink.getvalue().to_pybytes())
 
 
 def read_results_table(path: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -99,14 +127,17 @@ class SweepRecorder:
             list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
         )
         self.tracker: Any = None
+        self.claims: Claims | None = None
         self.parent_id: str | None = None
-        self._finished: Any = None  # sweep.resume.FinishedIndex, loaded on first lookup
+        self._claimed: dict[int, str] = {}  # job -> its claimed run
+        self._names: dict[int, str] = {}
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
         self._logging: list[tuple[dict[str, Any], Future[str]]] = []
 
     # --------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        """Open the MLflow store and, for a sweep, the parent run (before any job runs)."""
+        """Open the MLflow store, close runs that dead drivers left ``RUNNING`` and, for a
+        sweep, open the parent run (before any job runs)."""
         if not self.tracking.get("uri"):
             if self.groundtruth:
                 from sweep.groundtruth import groundtruth_metrics
@@ -115,9 +146,16 @@ class SweepRecorder:
             return
         from sweep.store_lock import open_tracker
 
-        # several sweeps may open (and create) one sqlite store at the same time
-        self.tracker = open_tracker(self.tracking["uri"], self.tracking["experiment"])
+        try:
+            # several sweeps may open (and create) one sqlite store at the same time
+            self.tracker = open_tracker(self.tracking["uri"], self.tracking["experiment"])
+        except TrackingError as err:
+            raise SystemExit(f"{err}\nNothing was run.") from None
+        self.claims = Claims(self.tracker)
         if self.nested:
+            closed = self.claims.close_stale()
+            if closed:
+                log.info(f"closed {closed} run(s) left RUNNING by sweeps that no longer run")
             self.parent_id = self.tracker.create_run(
                 self.sweep_dir.name,
                 tags={
@@ -127,8 +165,10 @@ class SweepRecorder:
                     "launcher": "ray_actor",
                     "kind": "sweep",
                     "mlflow.note.content": str(self.study.get("description") or ""),
+                    **self.claims.owner_tags(),
                 },
             )
+            self.claims.hold(self.parent_id)
             self.tracker.log_params(
                 self.parent_id,
                 {"study.name": self.study["name"], "sweep_overrides": " ".join(self.sweep_overrides)},
@@ -136,27 +176,47 @@ class SweepRecorder:
         if self.groundtruth:
             self._log_groundtruth()
 
-    def previous_result(self, cfg: DictConfig) -> dict[str, Any] | None:
-        """The stored result of this point if a finished run with its config hash exists in
-        the experiment (None without a tracking store); see ``sweep.resume``."""
-        if self.tracker is None:
-            return None
-        if self._finished is None:
-            from sweep.resume import FinishedIndex
-
-            self._finished = FinishedIndex.load(self.tracker.client, self.tracker.experiment_id)
-        found = self._finished.get(_point_hash(cfg))
-        return found.result() if found is not None else None
+    def acquire(self, jobs: list[tuple[int, DictConfig]], reuse_finished: bool = True,
+                ) -> dict[int, tuple[str, Any]]:
+        """What to do with each job: ``("run", None)`` (claimed for this sweep),
+        ``("done", result)`` (a finished run of the point exists) or ``("wait", None)``
+        (another live sweep runs it now; ask again later). Without a store every job runs."""
+        if self.claims is None or not self.nested:
+            return {idx: ("run", None) for idx, _ in jobs}
+        names = _run_names(jobs, self.sweep_dir.name)
+        points = []
+        for (idx, cfg), name in zip(jobs, names, strict=True):
+            self._names.setdefault(idx, name)
+            overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
+            tags = {"job_num": str(idx), "source": "sim", "kind": "point",
+                    "overrides": " ".join(overrides)[:5000],
+                    "output_dir": str(self._job_dir(cfg, None)),
+                    "mlflow.parentRunId": str(self.parent_id)}
+            points.append(PointClaim(idx, _point_hash(cfg), self._names[idx], tags))
+        decisions: dict[int, Decision] = self.claims.decide(points, reuse_finished)
+        out: dict[int, tuple[str, Any]] = {}
+        for idx, d in decisions.items():
+            if d.kind == "run":
+                assert d.run_id is not None
+                self._claimed[idx] = d.run_id
+                out[idx] = ("run", None)
+            elif d.kind == "finished":
+                assert d.finished is not None
+                out[idx] = ("done", d.finished.result())
+            else:
+                out[idx] = ("wait", None)
+        return out
 
     def job_done(self, idx: int, cfg: DictConfig, ret: JobReturn) -> None:
         """Write the job's files, log its MLflow run, and keep its results-table row.
 
         The result's bulky payloads (Parquet and PNG bytes) are replaced by the paths of
-        the files written, so a long sweep does not hold them all in memory.
+        the files written, so a long sweep does not hold them all in memory. A file that
+        cannot be written (full disk) is counted in the row's ``missing`` and keeps the
+        point's run from being set ``FINISHED``.
         """
         point = task_config(cfg)
         out_dir = self._job_dir(cfg, ret)
-        out_dir.mkdir(parents=True, exist_ok=True)
         overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
         params = flatten({k: v for k, v in point.items() if k not in NON_POINT_KEYS})
         value = ret._return_value
@@ -167,48 +227,57 @@ class SweepRecorder:
             "job": idx,
             "status": "finished" if ok else "failed",
             "error": None,
+            "missing": "",
             "overrides": " ".join(overrides),
             "output_dir": str(out_dir),
             HASH_KEY: point_key,
             "resumed_from": resumed,
             **params,
         }
-        (out_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(point)))
+        nonfinite: dict[str, str] = {}
         if ok:
-            files = self._write_outputs(out_dir, value)
-            row.update(value["metrics"])
-            # The bulky parts now live on disk; keep only their paths in memory.
-            for key, name in (("requests_parquet", "requests.parquet"),
-                              ("timeseries_png", "timeseries.png")):
-                if value.pop(key, None) is not None and (out_dir / name).is_file():
-                    value[key + "_file"] = str(out_dir / name)
+            metrics, nonfinite = finite_metrics(value["metrics"])
+            value["metrics"] = metrics
+            row.update(metrics)
         else:
             row["error"] = _error_text(value)
-            (out_dir / "error.txt").write_text(row["error"])
-            files = [out_dir / "error.txt"]
-        files.append(out_dir / "config_resolved.yaml")
+        files, disk_error = self._write_job_files(out_dir, point, value if ok else None, row)
+        if disk_error is not None:
+            row["missing"] = "disk"
+            log.error(f"job #{idx}: outputs not written to {out_dir}: {disk_error}")
         if resumed is not None:  # its finished run is already in the store: log nothing
             row["mlflow_run_id"] = resumed
         elif self.tracker is not None:
             # One writer thread: the launcher goes back to dispatching jobs at once.
             tags = {HASH_KEY: point_key, "output_dir": str(out_dir)}
+            if nonfinite:
+                tags["nonfinite_metrics"] = ",".join(f"{k}={v}" for k, v in sorted(nonfinite.items()))
+            if disk_error is not None:
+                tags["servesweep.incomplete"] = f"outputs not written: {disk_error}"[:5000]
             future = self._writer.submit(
-                self._log_run, idx, {**params, HASH_KEY: point_key}, overrides, value if ok else None,
-                files, ok, tags,
+                self._log_run, idx, {**params, HASH_KEY: point_key}, overrides,
+                value if ok else None, files, ok, tags, disk_error is None,
             )
             self._logging.append((row, future))
         self.rows.append(row)
 
-    def close(self, status: str) -> Path:
-        """Write the results table (and the study plot); end the parent run with ``status``."""
+    def close(self, status: str) -> str | None:
+        """Write the results table (and the study plot); end the parent run with ``status``;
+        close every claim still open. Returns None when every point is recorded in full, else
+        a message saying what is missing (the sweep should then exit non-zero)."""
         for row, future in self._logging:
             try:
                 row["mlflow_run_id"] = future.result()
-            except Exception:  # a tracking hiccup must not lose the other results
-                log.exception(f"MLflow logging of job #{row['job']} failed; its row is kept")
+            except Exception as err:  # the others are still recorded; this one is counted
+                row["missing"] = ",".join(filter(None, [row["missing"], "mlflow"]))
+                log.error(f"MLflow logging of job #{row['job']} failed: {err}")
         self._logging.clear()
         self._writer.shutdown()
         self.rows.sort(key=lambda r: r["job"])
+        failed = sum(r["status"] != "finished" for r in self.rows)
+        missing_mlflow = sum("mlflow" in r["missing"] for r in self.rows)
+        missing_disk = sum("disk" in r["missing"] for r in self.rows)
+        not_run = self.num_jobs - len(self.rows)
         meta = {
             "study": self.study,
             "sweep_dir": str(self.sweep_dir),
@@ -220,59 +289,132 @@ class SweepRecorder:
             "groundtruth_dir": self.groundtruth,
             "groundtruth_metrics": self.groundtruth_metrics,
         }
-        self.sweep_dir.mkdir(parents=True, exist_ok=True)
-        path = write_results_table(self.rows, self.sweep_dir / RESULTS_FILE, meta)
-        plot = self._study_plot()
-        failed = sum(r["status"] != "finished" for r in self.rows)
-        if self.tracker is not None and self.parent_id is not None:
-            self.tracker.log_artifact(self.parent_id, path)
-            if plot is not None:
-                self.tracker.log_artifact(self.parent_id, plot)
-            self.tracker.set_tags(
-                self.parent_id,
-                {"failed_jobs": str(failed), "finished_jobs": str(len(self.rows) - failed)},
-            )
-            self.tracker.finish(self.parent_id, status)
+        path: Path | None = self.sweep_dir / RESULTS_FILE
+        try:
+            self.sweep_dir.mkdir(parents=True, exist_ok=True)
+            write_results_table(self.rows, path, meta)
+        except OSError as err:
+            log.error(f"results table not written to {path}: {err}")
+            path = None
+        plot = self._study_plot() if path is not None else None
+        parent_ok = self._close_runs(status, path, plot, failed, missing_mlflow, missing_disk,
+                                     not_run)
         log.info(
-            f"results: {path} ({len(self.rows) - failed} finished, {failed} failed)"
+            f"results: {path or 'NOT WRITTEN'} ({len(self.rows) - failed} finished, {failed} "
+            f"failed, {not_run} not run; missing from MLflow {missing_mlflow}, from disk "
+            f"{missing_disk})"
             + (f"; MLflow {self.tracking['uri']} experiment {self.tracking['experiment']!r}"
                if self.tracker is not None else "")
         )
-        return path
+        problems = []
+        if missing_mlflow or not parent_ok:
+            problems.append(f"{missing_mlflow} point(s) missing from MLflow"
+                            + ("" if parent_ok else " (the sweep's parent run not closed)"))
+        if missing_disk:
+            problems.append(f"{missing_disk} point(s) missing from {self.sweep_dir}")
+        if path is None:
+            problems.append(f"the results table {self.sweep_dir / RESULTS_FILE} was not written")
+        if not problems:
+            return None
+        return ("; ".join(problems) + ". The finished results that were recorded are kept; "
+                "fix the cause and rerun the same command to fill in the rest.")
+
+    def _close_runs(self, status: str, table: Path | None, plot: Path | None, failed: int,
+                    missing_mlflow: int, missing_disk: int, not_run: int) -> bool:
+        """Finish the parent and set the claims of jobs that never reported ``KILLED``;
+        whether the parent could be closed."""
+        if self.tracker is None or self.claims is None:
+            return True
+        assert self.claims is not None
+        reported = {r["job"] for r in self.rows}
+        for idx, run_id in self._claimed.items():
+            if idx not in reported:
+                try:
+                    self.tracker.finish(run_id, "KILLED")
+                except TrackingWriteError as err:
+                    log.error(f"claim of job #{idx} not closed: {err}")
+            self.claims.release(run_id)
+        ok = True
+        if self.parent_id is not None:
+            try:
+                for path in (table, plot):
+                    if path is not None:
+                        self.tracker.log_artifact(self.parent_id, path)
+                self.tracker.set_tags(self.parent_id, {
+                    "failed_jobs": str(failed), "finished_jobs": str(len(self.rows) - failed),
+                    "not_run_jobs": str(not_run), "missing_mlflow": str(missing_mlflow),
+                    "missing_disk": str(missing_disk),
+                })
+                self.tracker.finish(self.parent_id, status)
+            except TrackingWriteError as err:
+                log.error(f"the sweep's parent run was not closed: {err}")
+                ok = False
+            self.claims.release(self.parent_id)
+        self.claims.stop()
+        return ok
 
     # --------------------------------------------------------------------- helpers
-    def _job_dir(self, cfg: DictConfig, ret: JobReturn) -> Path:
-        runtime = OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir") if ret.hydra_cfg else None
+    def _job_dir(self, cfg: DictConfig, ret: JobReturn | None) -> Path:
+        runtime = (OmegaConf.select(ret.hydra_cfg, "hydra.runtime.output_dir")
+                   if ret is not None and ret.hydra_cfg else None)
         if runtime:
             return Path(str(runtime))
         subdir = OmegaConf.select(cfg, "hydra.sweep.subdir") if "hydra" in cfg else None
         return self.sweep_dir / str(subdir) if subdir is not None else self.sweep_dir
 
+    def _write_job_files(self, out_dir: Path, point: dict[str, Any],
+                         value: dict[str, Any] | None, row: dict[str, Any],
+                         ) -> tuple[list[Path], str | None]:
+        """The job's files (atomically), the list of those written and the first error."""
+        files: list[Path] = []
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if value is not None:
+                files += self._write_outputs(out_dir, value)
+            else:
+                files.append(atomic_write(out_dir / "error.txt", row["error"]))
+            files.append(atomic_write(out_dir / "config_resolved.yaml",
+                                      OmegaConf.to_yaml(OmegaConf.create(point))))
+        except OSError as err:
+            return files, f"{type(err).__name__}: {err}"
+        if value is not None:  # the bulky parts now live on disk; keep only their paths
+            for key, name in (("requests_parquet", "requests.parquet"),
+                              ("timeseries_png", "timeseries.png")):
+                if value.pop(key, None) is not None and (out_dir / name).is_file():
+                    value[key + "_file"] = str(out_dir / name)
+        return files, None
+
     def _write_outputs(self, out_dir: Path, value: dict[str, Any]) -> list[Path]:
-        files = []
-        (out_dir / "metrics.json").write_text(json.dumps(value["metrics"], indent=1, sort_keys=True))
-        files.append(out_dir / "metrics.json")
+        files = [atomic_write(out_dir / "metrics.json",
+                              json.dumps(value["metrics"], indent=1, sort_keys=True))]
         if self.tracking.get("requests") and value.get("requests_parquet"):
-            (out_dir / "requests.parquet").write_bytes(value["requests_parquet"])
-            files.append(out_dir / "requests.parquet")
+            files.append(atomic_write(out_dir / "requests.parquet", value["requests_parquet"]))
         series = value.get("timeseries") or {}
         if series:
-            pd.DataFrame(series).to_parquet(out_dir / "timeseries.parquet", index=False)
-            files.append(out_dir / "timeseries.parquet")
+            sink = pa.BufferOutputStream()
+            pq.write_table(pa.Table.from_pandas(pd.DataFrame(series), preserve_index=False), sink)
+            files.append(atomic_write(out_dir / "timeseries.parquet",
+                                      sink.getvalue().to_pybytes()))
         if value.get("timeseries_png"):
-            (out_dir / "timeseries.png").write_bytes(value["timeseries_png"])
-            files.append(out_dir / "timeseries.png")
+            files.append(atomic_write(out_dir / "timeseries.png", value["timeseries_png"]))
         return files
 
     def _log_run(self, idx: int, params: dict[str, Any], overrides: list[str],
                  value: dict[str, Any] | None, files: list[Path], ok: bool,
-                 extra_tags: dict[str, str]) -> str:
-        """One point's run; it is set FINISHED last, so a FINISHED run is complete."""
+                 extra_tags: dict[str, str], complete: bool) -> str:
+        """One point's run (the claimed one, or a new one for a single run); it is set
+        ``FINISHED`` last, so a ``FINISHED`` run is complete. A point whose files could not
+        be written (``complete`` False) ends ``KILLED``: a rerun computes it again."""
         tr = self.tracker
-        name = f"job-{idx}" if self.nested else str(self.study["name"])
         tags = {"job_num": str(idx), "status": "finished" if ok else "failed", "source": "sim",
                 "overrides": " ".join(overrides)[:5000], **extra_tags}
-        run_id = tr.create_run(name, tags, parent_id=self.parent_id)
+        run_id = self._claimed.get(idx)
+        if run_id is None:
+            name = self._names.get(idx) or (f"job-{idx}" if self.nested
+                                            else str(self.study["name"]))
+            run_id = tr.create_run(name, tags, parent_id=self.parent_id)
+        else:
+            tr.set_tags(run_id, tags)
         tr.log_params(run_id, params)
         if value is not None:
             tr.log_metrics(run_id, value["metrics"])
@@ -282,7 +424,11 @@ class SweepRecorder:
                 tr.log_series(run_id, {k: v for k, v in series.items() if k != "t_s"}, steps)
         for path in files:
             tr.log_artifact(run_id, path)
-        tr.finish(run_id, "FINISHED" if ok else "FAILED")
+        tr.finish(run_id, ("FINISHED" if ok else "FAILED") if complete else "KILLED")
+        if self.claims is not None:
+            self.claims.release(run_id)
+        if not complete:
+            raise TrackingWriteError(f"run {run_id} set KILLED: its files were not written")
         return run_id
 
     def _study_plot(self) -> Path | None:
@@ -297,7 +443,7 @@ class SweepRecorder:
                 pd.DataFrame(finished), plot["x"], plot["y"], plot.get("line"),
                 self.sweep_dir / "study.png", str(self.study["name"]), bool(plot.get("logy")),
             )
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OSError) as err:
             log.warning(f"study plot skipped: {err}")
             return None
 
@@ -307,6 +453,26 @@ class SweepRecorder:
         _, self.groundtruth_metrics = log_groundtruth_run(
             self.tracker, self.groundtruth, self.slo, self.parent_id
         )
+
+
+def _run_names(jobs: list[tuple[int, DictConfig]], sweep_name: str) -> list[str]:
+    """Run names from the values the jobs differ in (``gpu_memory_utilization=0.7,rate=4``),
+    followed by the sweep directory's name, so names are unique across sweeps."""
+    parsed = []
+    for _, cfg in jobs:
+        pairs = {}
+        for item in OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []:
+            key, sep, val = str(item).lstrip("+~").partition("=")
+            if sep:
+                pairs[key] = val
+        parsed.append(pairs)
+    keys = sorted({k for p in parsed for k in p})
+    swept = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
+    names = []
+    for (idx, _), pairs in zip(jobs, parsed, strict=True):
+        label = ",".join(f"{k.rsplit('.', 1)[-1]}={pairs.get(k)}" for k in swept)
+        names.append(f"{label or f'job-{idx}'} @{sweep_name}")
+    return names
 
 
 def _point_hash(cfg: DictConfig) -> str:

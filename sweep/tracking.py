@@ -3,21 +3,37 @@
 Only the sweep driver imports this module (actors return plain results), so a sqlite
 store is created and migrated by exactly one process before any job starts, and put in
 WAL mode, which makes single-writer logging about three times faster.
+
+Every write is retried with exponential backoff (``RetryPolicy``): a store that is locked
+for a while, or a server that restarts, costs time, not results. A write that still fails
+raises ``TrackingWriteError``; the caller counts what it could not record. Once a write
+has used its whole budget the store is taken as down and later writes are tried once each
+(no backoff) until one succeeds again, so an outage delays a sweep by one budget, not one
+per write. ``check_store`` finds an unreachable server or an unwritable sqlite path before
+anything runs: MLflow's own HTTP client would retry for minutes and then raise a chain of
+tracebacks, so its retries are cut to one short attempt here and ours take over.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 # MLflow logs its schema migrations at INFO through alembic; keep the console quiet.
 logging.getLogger("alembic").setLevel(logging.WARNING)
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+# MLflow's HTTP client retries 7 times with backoff (minutes); ours retry instead.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -27,42 +43,152 @@ MAX_METRICS = 1000
 MAX_PARAM_LEN = 6000
 
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+REACH_TIMEOUT_S = 5.0
+
+
+class TrackingError(RuntimeError):
+    """The tracking store cannot be used; the message names ``tracking.uri`` and the fix."""
+
+
+class TrackingWriteError(RuntimeError):
+    """A write to the tracking store failed after every retry."""
+
+
 def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (relative paths are cwd-relative)."""
     prefix = "sqlite:///"
     return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
 
 
-class Tracker:
-    """One MLflow experiment in one store; runs are created and logged by id."""
+def check_store(uri: str) -> None:
+    """Raise ``TrackingError`` when ``uri`` cannot work: a sqlite file that cannot be
+    created or written, or an HTTP server that does not answer within a few seconds."""
+    db = sqlite_path(uri)
+    fix = "set tracking.uri to a reachable store, or tracking.uri=null to run without MLflow"
+    if db is not None:
+        folder = db.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise TrackingError(
+                f"tracking.uri={uri}: cannot create folder {folder} ({err.strerror}); {fix}"
+            ) from None
+        target = db if db.exists() else folder
+        if not os.access(target, os.W_OK):
+            raise TrackingError(f"tracking.uri={uri}: {target} is not writable; {fix}")
+        return
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S):
+                pass
+        except urllib.error.HTTPError:
+            pass  # something answers (an older server, a proxy): MLflow calls will tell
+        except (urllib.error.URLError, OSError) as err:
+            reason = getattr(err, "reason", err)
+            raise TrackingError(
+                f"tracking.uri={uri}: no MLflow server answered within {REACH_TIMEOUT_S:g} s "
+                f"({reason}); start one (mlflow server --host 127.0.0.1 --port <port> "
+                f"--backend-store-uri sqlite:///mlflow.db) or {fix}"
+            ) from None
 
-    def __init__(self, uri: str, experiment: str) -> None:
+
+@dataclass
+class RetryPolicy:
+    """Backoff for store writes: ``first_s``, doubled each time, ``budget_s`` in total."""
+
+    first_s: float = 0.25
+    budget_s: float = 20.0
+    down: bool = False  # a write used its whole budget: try once until one succeeds
+
+    def call(self, what: str, fn: Callable[[], T]) -> T:
+        delay, waited = self.first_s, 0.0
+        while True:
+            try:
+                value = fn()
+            except Exception as err:  # store errors come as several types (sqlalchemy, http)
+                if _not_retriable(err) or self.down or waited + delay > self.budget_s:
+                    if not _not_retriable(err) and not self.down:
+                        self.down = True
+                        log.warning(f"MLflow store down: {what} failed after {waited:.1f} s "
+                                    f"of retries; later writes are tried once each")
+                    raise TrackingWriteError(f"{what}: {type(err).__name__}: {err}") from err
+                time.sleep(delay)
+                waited += delay
+                delay *= 2
+            else:
+                if self.down:
+                    log.warning("MLflow store writable again")
+                    self.down = False
+                return value
+
+
+def _not_retriable(err: Exception) -> bool:
+    """A request the store refused on its merits (bad value, duplicate): retrying won't help."""
+    code = getattr(err, "error_code", None)
+    return code in ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS", "BAD_REQUEST")
+
+
+def finite_metrics(metrics: Mapping[str, float]) -> tuple[dict[str, float], dict[str, str]]:
+    """``metrics`` with ±inf replaced by NaN (MLflow would store ±1.797e308, so a resumed
+    value would differ from a fresh one), and ``{name: "+inf"|"-inf"}`` of those replaced."""
+    out, replaced = {}, {}
+    for key, value in metrics.items():
+        v = float(value)
+        if math.isinf(v):
+            replaced[key] = "+inf" if v > 0 else "-inf"
+            v = math.nan
+        out[key] = v
+    return out, replaced
+
+
+class Tracker:
+    """One MLflow experiment in one store; runs are created and logged by id. Every write
+    goes through ``self.retry``."""
+
+    def __init__(self, uri: str, experiment: str, retry: RetryPolicy | None = None) -> None:
         self.uri = uri
+        self.retry = retry or RetryPolicy()
+        check_store(uri)
         db = sqlite_path(uri)
-        if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
-        if db is not None:
-            with sqlite3.connect(db) as con:
-                con.execute("PRAGMA journal_mode=WAL")
+        try:
+            exp = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = (exp.experiment_id if exp
+                                  else self.client.create_experiment(experiment))
+            if db is not None:
+                with sqlite3.connect(db) as con:
+                    con.execute("PRAGMA journal_mode=WAL")
+        except Exception as err:  # first contact: one message, not MLflow's traceback chain
+            raise TrackingError(
+                f"tracking.uri={uri}: cannot open experiment {experiment!r}: "
+                f"{type(err).__name__}: {str(err)[:500]}; check the store, or set "
+                "tracking.uri=null to run without MLflow"
+            ) from None
 
     def create_run(self, name: str, tags: Mapping[str, str], parent_id: str | None = None) -> str:
         all_tags = dict(tags)
         if parent_id is not None:
             all_tags["mlflow.parentRunId"] = parent_id
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        run = self.retry.call(f"create run {name}", lambda: self.client.create_run(
+            self.experiment_id, run_name=name, tags=all_tags))
         return run.info.run_id
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
         for i in range(0, len(items), MAX_PARAMS):
-            self.client.log_batch(run_id, params=items[i : i + MAX_PARAMS])
+            self._batch(run_id, params=items[i : i + MAX_PARAMS])
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        """Log ``metrics``; ±inf goes in as NaN and the run gets a ``nonfinite_metrics`` tag
+        naming each (``name=+inf``), so the store never holds a clipped 1.797e308."""
         now = int(time.time() * 1000)
-        self._log_metric_list(run_id, [Metric(k, float(v), now, step) for k, v in metrics.items()])
+        values, replaced = finite_metrics(metrics)
+        self._log_metric_list(run_id, [Metric(k, v, now, step) for k, v in values.items()])
+        if replaced:
+            self.set_tags(run_id, {"nonfinite_metrics": ",".join(
+                f"{k}={v}" for k, v in sorted(replaced.items()))})
 
     def log_series(self, run_id: str, series: Mapping[str, Iterable[float]], steps: list[int],
                    prefix: str = "ts/") -> None:
@@ -77,16 +203,23 @@ class Tracker:
 
     def _log_metric_list(self, run_id: str, items: list[Metric]) -> None:
         for i in range(0, len(items), MAX_METRICS):
-            self.client.log_batch(run_id, metrics=items[i : i + MAX_METRICS])
+            self._batch(run_id, metrics=items[i : i + MAX_METRICS])
+
+    def _batch(self, run_id: str, **items: Any) -> None:
+        self.retry.call(f"log_batch to run {run_id}",
+                        lambda: self.client.log_batch(run_id, **items))
 
     def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self._batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_artifact(self, run_id: str, path: Path) -> None:
-        self.client.log_artifact(run_id, str(path))
+        self.retry.call(f"log_artifact {path.name} to run {run_id}",
+                        lambda: self.client.log_artifact(run_id, str(path)))
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
-        self.client.log_text(run_id, text, name)
+        self.retry.call(f"log_text {name} to run {run_id}",
+                        lambda: self.client.log_text(run_id, text, name))
 
     def finish(self, run_id: str, status: str) -> None:
-        self.client.set_terminated(run_id, status=status)
+        self.retry.call(f"set run {run_id} {status}",
+                        lambda: self.client.set_terminated(run_id, status=status))

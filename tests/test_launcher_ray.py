@@ -106,7 +106,7 @@ def _sweep(hydra_sweep_runner, tmp_path, *extra):
 def test_results_in_job_order_and_failures_recorded(hydra_sweep_runner, tmp_path):
     # retries off: the crashing job fails on its first death (retries: test_reliability_faults)
     with _sweep(hydra_sweep_runner, tmp_path, "+x=0,1,2,3,4,5", "+crash=true",
-                "hydra.launcher.max_retries=0") as sweep:
+                "hydra.launcher.max_retries=0", "hydra.launcher.on_failure=return") as sweep:
         returns = sweep.returns[0]
     assert [r.overrides[0] for r in returns] == [f"+x={i}" for i in range(6)]
     values = [r.return_value for r in returns]
@@ -125,11 +125,35 @@ def test_results_in_job_order_and_failures_recorded(hydra_sweep_runner, tmp_path
 def test_job_timeout_kills_the_actor_and_the_sweep_goes_on(hydra_sweep_runner, tmp_path):
     t0 = time.monotonic()
     with _sweep(hydra_sweep_runner, tmp_path, "+x=2,5,6", "+hang=true",
-                "hydra.launcher.job_timeout_s=3") as sweep:
+                "hydra.launcher.job_timeout_s=3", "hydra.launcher.on_failure=return") as sweep:
         values = [r.return_value for r in sweep.returns[0]]
     assert time.monotonic() - t0 < 40
     assert values[0]["x"] == 2 and values[2]["x"] == 6
     assert values[1]["status"] == "failed" and "timed out after 3 s" in values[1]["error"]
+
+
+def test_a_failed_job_makes_the_sweep_exit_non_zero_after_all_jobs_ran(hydra_sweep_runner,
+                                                                      tmp_path):
+    with pytest.raises(SystemExit, match=r"1 of 3 jobs failed"), \
+            _sweep(hydra_sweep_runner, tmp_path, "+x=2,3,6"):
+        pass
+    assert sorted(i for i, _ in RECORDED[1:-1]) == [0, 1, 2]
+    assert RECORDED[-1] == (-2, "FAILED")
+
+
+@pytest.mark.parametrize("setting, allowed", [
+    ("num_actors=0", "an integer >= 1"), ("num_actors=-2", "an integer >= 1"),
+    ("max_retries=-1", "an integer >= 0"), ("job_timeout_s=0", "a number of seconds > 0"),
+    ("on_failure=ignore", "continue or return or raise"), ("wait_poll_s=-1", "a number of seconds > 0"),
+])
+def test_launcher_settings_are_checked_before_anything_runs(hydra_sweep_runner, tmp_path,
+                                                            setting, allowed):
+    RECORDED.clear()
+    with pytest.raises(SystemExit, match=rf"hydra\.launcher\.{setting.split('=')[0]}=.*allowed "
+                                         rf"{allowed}"), \
+            _sweep(hydra_sweep_runner, tmp_path, "+x=2", f"hydra.launcher.{setting}"):
+        pass
+    assert RECORDED == []
 
 
 def test_on_failure_raise_fails_the_sweep_after_all_jobs_ran(hydra_sweep_runner, tmp_path):

@@ -100,7 +100,7 @@ def test_a_job_that_keeps_killing_its_actor_fails_after_bounded_retries(
         hydra_sweep_runner, tmp_path):
     marks = tmp_path / "marks"
     with _sweep(hydra_sweep_runner, tmp_path, marks, "+x=0,1,2,3", "+mode=crash_always",
-                "hydra.launcher.max_retries=2") as sweep:
+                "hydra.launcher.max_retries=2", "hydra.launcher.on_failure=return") as sweep:
         values = [r.return_value for r in sweep.returns[0]]
     assert values[1]["status"] == "failed"
     assert "actor died" in values[1]["error"] and "3 attempts" in values[1]["error"]
@@ -113,7 +113,7 @@ def test_a_job_that_keeps_killing_its_actor_fails_after_bounded_retries(
 def test_a_raising_job_is_not_retried(hydra_sweep_runner, tmp_path):
     marks = tmp_path / "marks"
     with _sweep(hydra_sweep_runner, tmp_path, marks, "+x=1,2", "+mode=raise",
-                "hydra.launcher.max_retries=3") as sweep:
+                "hydra.launcher.max_retries=3", "hydra.launcher.on_failure=return") as sweep:
         values = [r.return_value for r in sweep.returns[0]]
     assert values[1]["status"] == "failed" and "job 2 raises every time" in values[1]["error"]
     assert attempts(marks)[2] == 1
@@ -122,7 +122,7 @@ def test_a_raising_job_is_not_retried(hydra_sweep_runner, tmp_path):
 def test_retries_off_records_the_first_death(hydra_sweep_runner, tmp_path):
     marks = tmp_path / "marks"
     with _sweep(hydra_sweep_runner, tmp_path, marks, "+x=0,1", "+mode=crash_once",
-                "hydra.launcher.max_retries=0") as sweep:
+                "hydra.launcher.max_retries=0", "hydra.launcher.on_failure=return") as sweep:
         values = [r.return_value for r in sweep.returns[0]]
     assert values[0]["status"] == "failed" and "actor died" in values[0]["error"]
     assert values[1]["x"] == 1

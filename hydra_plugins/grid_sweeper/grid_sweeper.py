@@ -13,6 +13,7 @@ surfaces when its job is reached instead of up front.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
@@ -32,6 +33,15 @@ ConfigStore.instance().store(
 
 class GridSweeper(BasicSweeper):
     """BasicSweeper whose batches are validated by the launcher, not composed twice."""
+
+    def sweep(self, arguments: list[str]) -> Any:
+        """Reserve a sweep directory of this sweep's own before ``multirun.yaml`` is written
+        there (``ray_actor_launcher.sweep_dir``), then sweep as BasicSweeper does."""
+        from hydra_plugins.ray_actor_launcher.sweep_dir import reserve_in_config
+
+        assert self.config is not None
+        reserve_in_config(self.config)
+        return super().sweep(arguments)
 
     def validate_batch_is_legal(self, batch: Sequence[Sequence[str]]) -> None:
         """No separate composition pass: the launcher composes every job before running."""

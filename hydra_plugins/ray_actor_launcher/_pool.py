@@ -8,7 +8,9 @@ died (or whose result was lost with its node) is run again on another actor up t
 (it would fail the same way). A replacement actor receives jobs only once it is running,
 so a replacement the cluster cannot place (its node is gone) never holds a job; when no
 actor is left and none starts within ``ready_timeout_s``, the remaining jobs fail with
-that reason instead of waiting forever.
+that reason instead of waiting forever. ``health``, when set, is called about once a second
+while jobs run; a reason it returns (the local cluster's head died) ends ``run`` with
+``ClusterLost`` at once instead of waiting for Ray to notice.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
+
+from hydra_plugins.ray_actor_launcher.ray_cluster import ClusterLost
 
 
 @dataclass
@@ -64,6 +68,8 @@ class ActorSet:
         self._ready_timeout = ready_timeout_s
         self.replaced = 0
         self.retried = 0
+        self.health: Callable[[], str | None] | None = None
+        self._checked = 0.0
 
     def run(
         self, items: list[tuple[int, Any]], submit: Callable[[Any, Any], Any]
@@ -79,10 +85,11 @@ class ActorSet:
                 running[submit(actor, item)] = _Running(key, item, actor, time.monotonic(), attempt)
 
         while pending or running:
+            self._check_health()
             self._adopt_started(0)
             fill()
             if not running:  # jobs wait, every actor is dead or still starting
-                if not self._adopt_started(self._ready_timeout):
+                if not self._wait_for_actor():
                     reason = (f"no actor available: none of {len(self._starting)} replacement "
                               f"actors started within {self._ready_timeout:g} s")
                     while pending:
@@ -114,6 +121,27 @@ class ActorSet:
             # Refill before handing results out: actors compute while the caller records.
             fill()
             yield from done
+
+    def _wait_for_actor(self) -> bool:
+        """Wait up to ``ready_timeout_s`` for a replacement actor, checking health."""
+        deadline = time.monotonic() + self._ready_timeout
+        while self._starting:
+            self._check_health()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._adopt_started(min(1.0, left)):
+                return True
+        return False
+
+    def _check_health(self) -> None:
+        now = time.monotonic()
+        if self.health is None or now - self._checked < 1.0:
+            return
+        self._checked = now
+        reason = self.health()
+        if reason:
+            raise ClusterLost(reason)
 
     def _collect(self, ref: Any, job: _Running) -> Outcome | None:
         """The job's outcome, or None when its actor was lost and it may run again."""

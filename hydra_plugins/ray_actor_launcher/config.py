@@ -22,19 +22,25 @@ def _default_init() -> dict[str, Any]:
 class RayActorLauncherConf:
     """Where and how sweep jobs run.
 
-    ``address``: ``local`` starts a private Ray sized by ``init`` and stops it at the end;
-    ``auto`` or ``host:port`` attaches to an existing cluster (``init`` resource keys are
-    then ignored). ``num_actors``: pool size, ``null`` = as many as the cluster's CPUs allow
-    (always capped to what the cluster can schedule). ``on_failure``: ``continue`` records a
-    failed job and keeps going (the sweep exits 0); ``raise`` lets Hydra's sweeper raise the
-    first failure after the batch has run. ``job_timeout_s``: a job running longer is killed
-    and recorded as failed. ``max_retries``: how many more times a job runs when its actor
-    dies under it (crash, OOM kill, lost node); a job that raises or times out is not
-    retried. ``resume``: skip jobs the recorder already holds a finished result for (see
-    ``hooks.Recorder.previous_result``). ``validator``: ``module:function`` called on every composed job
-    config before anything starts. ``recorder``: ``module:Class`` that receives each result
-    in the driver as it arrives (see ``hooks.Recorder``). ``preload``: modules each actor
-    imports when it starts, before its first job.
+    ``address``: ``local`` starts a private Ray that listens on 127.0.0.1 only, sized by
+    ``init``, and stops it at the end; ``auto`` or ``host:port`` attaches to an existing
+    cluster with Ray's token authentication (``init`` resource keys are then ignored; see
+    docs/sweep.md). ``num_actors``: pool size (>= 1), ``null`` = as many as the cluster's
+    CPUs allow (always capped to what the cluster can schedule). ``on_failure``:
+    ``continue`` records a failed job, runs the rest and then exits non-zero; ``return``
+    does the same but hands the failures to the sweeper as results
+    ``{"status": "failed", "error": ...}`` and exits 0 (for sweepers that handle failed
+    trials, e.g. Optuna's); ``raise`` lets Hydra's sweeper raise the first failure after the
+    batch has run. ``job_timeout_s``: a
+    job running longer is killed and recorded as failed (> 0, or null). ``max_retries``
+    (>= 0): how many more times a job runs when its actor dies under it (crash, OOM kill,
+    lost node); a job that raises or times out is not retried. ``resume``: reuse the stored
+    result of a job that already finished (see ``hooks.Recorder.acquire``).
+    ``wait_poll_s``: how often to ask again about jobs another live sweep is running.
+    ``validator``: ``module:function`` called on every composed job config before anything
+    starts. ``recorder``: ``module:Class`` that receives each result in the driver as it
+    arrives (see ``hooks.Recorder``). ``preload``: modules each actor imports when it
+    starts, before its first job.
     """
 
     _target_: str = "hydra_plugins.ray_actor_launcher.launcher.RayActorLauncher"
@@ -47,6 +53,7 @@ class RayActorLauncherConf:
     job_timeout_s: float | None = 3600.0
     max_retries: int = 2
     resume: bool = True
+    wait_poll_s: float = 2.0
     ready_timeout_s: float = 120.0
     shutdown_ray: bool = True
     progress: bool = True

@@ -20,8 +20,10 @@ class Recorder(Protocol):
 
     ``start`` runs once before the first job is dispatched, ``job_done`` once per job in
     completion order with the job's composed config (``hydra`` node included) and its
-    ``JobReturn`` (status ``FAILED`` with the error for a failed job), ``close`` once at the end with ``status`` one of ``FINISHED``,
-    ``FAILED`` (some job failed) or ``KILLED`` (interrupted).
+    ``JobReturn`` (status ``FAILED`` with the error for a failed job), ``close`` once at the
+    end with ``status`` one of ``FINISHED``, ``FAILED`` (some job failed) or ``KILLED``
+    (interrupted). ``close`` returns None when everything was recorded, else a message
+    saying what is missing; the launcher then exits non-zero with it.
     """
 
     def __init__(self, config: DictConfig, sweep_dir: Path, num_jobs: int) -> None: ...
@@ -30,12 +32,16 @@ class Recorder(Protocol):
 
     def job_done(self, idx: int, cfg: DictConfig, ret: JobReturn) -> None: ...
 
-    def close(self, status: str) -> None: ...
+    def close(self, status: str) -> str | None: ...
 
-    # Optional: with ``hydra.launcher.resume`` (the default) the launcher calls
-    # ``previous_result(cfg)`` for every job once ``start`` has run; a job for which it
-    # returns a result is not run, and ``job_done`` receives that result instead.
-    # def previous_result(self, cfg: DictConfig) -> Any | None: ...
+    # Optional: ``acquire(jobs, reuse_finished)`` with ``jobs`` a list of ``(idx, cfg)``
+    # returns ``{idx: (decision, value)}``: ``("run", None)`` to run the job (the recorder
+    # has claimed it), ``("done", result)`` to take a stored result instead of running it
+    # (only when ``reuse_finished``, i.e. ``hydra.launcher.resume``; ``job_done`` then
+    # receives that result), ``("wait", None)`` when another sweep runs the job right now;
+    # the launcher asks again about waiting jobs every ``wait_poll_s``.
+    # def acquire(self, jobs: list[tuple[int, DictConfig]], reuse_finished: bool
+    #             ) -> dict[int, tuple[str, Any]]: ...
 
 
 Validator = Callable[[DictConfig], None]

@@ -2,15 +2,22 @@
 
 The driver (this process) composes and validates every job config, then starts or
 attaches Ray, creates the actors, sends each job to the next idle actor and hands each
-result to the recorder as it arrives. Results go back to the sweeper in job order. With
-``resume`` (the default) a recorder that offers ``previous_result(cfg)`` is asked first for
-each job: a job it already holds a finished result for is not run again, its stored result
-is handed to the recorder and returned like a fresh one.
+result to the recorder as it arrives. Results go back to the sweeper in job order.
+
+A recorder that offers ``acquire`` decides per job, before it runs, whether to run it (it
+claimed the job), reuse a stored result (``resume``, the default) or wait because another
+live sweep runs the same point; waiting jobs are asked about again every ``wait_poll_s``
+until they are finished elsewhere or theirs to run. A sweep with a failed job, a job whose
+result could not be recorded, or a lost local Ray exits non-zero after recording what it
+has. SIGTERM is handled like Ctrl-C: the recorder closes its runs as ``KILLED``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import signal
 import threading
 import time
 import uuid
@@ -25,10 +32,13 @@ from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from hydra_plugins.ray_actor_launcher.hooks import Recorder, load_attr
+from hydra_plugins.ray_actor_launcher.ray_cluster import ClusterLost
 
 log = logging.getLogger(__name__)
 
-ON_FAILURE = ("continue", "raise")
+ON_FAILURE = ("continue", "return", "raise")
+
+
 
 
 class RayActorLauncher(Launcher):
@@ -36,14 +46,14 @@ class RayActorLauncher(Launcher):
 
     def __init__(self, **params: Any) -> None:
         self.params = OmegaConf.create(params)
-        if self.params.on_failure not in ON_FAILURE:
-            raise ValueError(
-                f"hydra.launcher.on_failure={self.params.on_failure!r}: allowed values {ON_FAILURE}"
-            )
+        problems = check_params(self.params)
+        if problems:
+            raise SystemExit("Invalid launcher settings; nothing was run.\n" + "\n".join(problems))
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self._started_ray = False
+        self._ray_pids: dict[int, str] = {}
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -59,8 +69,18 @@ class RayActorLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        sweep_dir = Path(str(self.config.hydra.sweep.dir)).absolute()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
+        from hydra_plugins.ray_actor_launcher.sweep_dir import release, reserve_in_config
+
+        sweep_dir = reserve_in_config(self.config)
+        try:
+            return self._launch(job_overrides, initial_job_idx, sweep_dir)
+        finally:
+            release(sweep_dir)
+
+    def _launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
+    ) -> Sequence[JobReturn]:
+        assert self.config is not None
         jobs = self._compose(job_overrides, initial_job_idx, sweep_dir)
         if self.params.validator:
             self._validate(jobs)
@@ -69,22 +89,43 @@ class RayActorLauncher(Launcher):
         # The recorder opens its store (e.g. migrates an MLflow DB) while Ray starts.
         starting = InBackground(recorder.start) if recorder is not None else None
         status = "KILLED"
-        try:
-            results = self._run(jobs, job_overrides, initial_job_idx, recorder, starting)
-            failed = sum(r.status == JobStatus.FAILED for r in results.values())
-            status = "FAILED" if failed else "FINISHED"
-        finally:
-            if recorder is not None and starting is not None and starting.succeeded():
-                recorder.close(status)
+        results: dict[int, JobReturn] = {}
+        lost: str | None = None
+        problem: str | None = None
+        with _sigterm_as_interrupt():
+            try:
+                try:
+                    self._run(jobs, job_overrides, initial_job_idx, recorder, starting, results)
+                except ClusterLost as err:
+                    lost = str(err)
+                failed = sum(r.status == JobStatus.FAILED for r in results.values())
+                status = "FAILED" if failed or lost else "FINISHED"
+            finally:
+                if recorder is not None and starting is not None and starting.succeeded():
+                    problem = recorder.close(status)
+        missing = len(jobs) - len(results)
+        if lost is not None:
+            raise SystemExit(
+                f"{lost}. {len(results)} of {len(jobs)} jobs finished and are recorded, "
+                f"{missing} did not run; rerun the same command to run them."
+                + (f" Also: {problem}" if problem else "")
+            )
         ordered = [results[initial_job_idx + i] for i in range(len(jobs))]
         if failed:
             log.warning(f"{failed} of {len(ordered)} jobs failed")
-        if self.params.on_failure == "continue":
+        if self.params.on_failure in ("continue", "return"):
             for ret in ordered:
                 if ret.status == JobStatus.FAILED:
                     error = str(ret._return_value)
                     ret.status = JobStatus.COMPLETED
                     ret.return_value = {"status": "failed", "error": error}
+            if problem or (failed and self.params.on_failure == "continue"):
+                raise SystemExit(
+                    (f"{failed} of {len(ordered)} jobs failed (their errors are in the results "
+                     "table and each job's error.txt). " if failed else "") + (problem or "")
+                )
+        elif problem:
+            raise SystemExit(problem)
         return ordered
 
     def _compose(
@@ -129,7 +170,9 @@ class RayActorLauncher(Launcher):
         initial_job_idx: int,
         recorder: Recorder | None,
         starting: InBackground | None,
-    ) -> dict[int, JobReturn]:
+        results: dict[int, JobReturn],
+    ) -> None:
+        """Run the jobs; each result is put into ``results`` (and recorded) as it arrives."""
         import ray
 
         from hydra_plugins.ray_actor_launcher._actor import JobFailure, JobRunner
@@ -167,58 +210,95 @@ class RayActorLauncher(Launcher):
                 return actor.run.remote(item[0], ctx_ref, item[1], fn_ref, state_ref, state_key)
 
             progress = Progress(len(jobs), bool(self.params.progress))
-            results: dict[int, JobReturn] = {}
             configs = dict(jobs)
-            previous = self._previous_results(jobs, recorder)
-            for idx, value in previous.items():
-                ret = JobReturn(status=JobStatus.COMPLETED, _return_value=value)
-                ret.overrides = list(job_overrides[idx - initial_job_idx])
-                results[idx] = ret
-                assert recorder is not None
-                recorder.job_done(idx, configs[idx], ret)
-                progress.update(False)
-            if previous:
-                log.info(f"resume: {len(previous)} of {len(jobs)} jobs already have a finished "
-                         f"result; running the other {len(jobs) - len(previous)}")
-            todo = [(idx, (idx, cfg)) for idx, cfg in jobs if idx not in previous]
-            for out in pool.run(todo, submit):
-                if out.error is None:
-                    _, ret = out.value
-                else:
-                    ret = JobReturn(status=JobStatus.FAILED, _return_value=JobFailure(out.error))
-                    ret.overrides = list(job_overrides[out.key - initial_job_idx])
-                results[out.key] = ret
-                if recorder is not None:
-                    recorder.job_done(out.key, configs[out.key], ret)
-                progress.update(ret.status == JobStatus.FAILED)
+            pool.health = self._cluster_health(ray)
+            waiting = list(jobs)
+            while waiting:
+                decisions = self._acquire(waiting, recorder)
+                reused = [idx for idx, _ in waiting if decisions[idx][0] == "done"]
+                for idx in reused:
+                    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=decisions[idx][1])
+                    ret.overrides = list(job_overrides[idx - initial_job_idx])
+                    results[idx] = ret
+                    assert recorder is not None
+                    recorder.job_done(idx, configs[idx], ret)
+                    progress.update(False)
+                todo = [(idx, (idx, cfg)) for idx, cfg in waiting if decisions[idx][0] == "run"]
+                waiting = [(idx, cfg) for idx, cfg in waiting if decisions[idx][0] == "wait"]
+                if reused or waiting:
+                    log.info(f"{len(reused)} jobs already have a finished result, {len(waiting)} "
+                             f"are being run by another sweep; running {len(todo)}")
+                for out in pool.run(todo, submit):
+                    if out.error is None:
+                        _, ret = out.value
+                    else:
+                        ret = JobReturn(status=JobStatus.FAILED,
+                                        _return_value=JobFailure(out.error))
+                        ret.overrides = list(job_overrides[out.key - initial_job_idx])
+                    results[out.key] = ret
+                    if recorder is not None:
+                        recorder.job_done(out.key, configs[out.key], ret)
+                    progress.update(ret.status == JobStatus.FAILED)
+                if waiting and not todo:
+                    reason = pool.health() if pool.health is not None else None
+                    if reason:
+                        raise ClusterLost(reason)
+                    time.sleep(float(self.params.wait_poll_s))
             actors = pool.actors
-            log.info(f"{len(todo)} jobs ran in {time.monotonic() - t_jobs:.1f} s on {size} actors"
+            log.info(f"{len(jobs)} jobs done in {time.monotonic() - t_jobs:.1f} s on {size} actors"
                      + (f" ({pool.replaced} replaced, {pool.retried} jobs retried)"
                         if pool.replaced else ""))
-            return results
         finally:
             if progress is not None:
                 progress.close()
-            for actor in actors:
-                ray.kill(actor)
-            if self._started_ray and self.params.shutdown_ray:
-                ray.shutdown()
-                self._started_ray = False
+            self._stop_ray(ray, actors)
 
-    def _previous_results(
+    def _acquire(
         self, jobs: list[tuple[int, DictConfig]], recorder: Recorder | None
-    ) -> dict[int, Any]:
-        """Stored results of jobs that already finished (``resume`` and a recorder that
-        implements ``previous_result``), by job index."""
-        lookup = getattr(recorder, "previous_result", None)
-        if not self.params.resume or lookup is None:
-            return {}
-        found = {}
-        for idx, cfg in jobs:
-            value = lookup(cfg)
-            if value is not None:
-                found[idx] = value
-        return found
+    ) -> dict[int, tuple[str, Any]]:
+        """The recorder's decision per job (``run`` / ``done`` / ``wait``; see
+        ``hooks.Recorder.acquire``); every job runs without a recorder that decides."""
+        acquire = getattr(recorder, "acquire", None)
+        if acquire is None:
+            return {idx: ("run", None) for idx, _ in jobs}
+        return acquire(jobs, reuse_finished=bool(self.params.resume))
+
+    def _cluster_health(self, ray: Any) -> Callable[[], str | None] | None:
+        """For a local Ray started here: a check that names the dead head process (raylet
+        or GCS) once one has exited, else None. It also keeps ``self._ray_pids`` current,
+        so teardown can find workers a dead raylet orphaned."""
+        from hydra_plugins.ray_actor_launcher.ray_cluster import RAY_HEADS, is_local, ray_processes
+
+        if not (self._started_ray and is_local(self.params.address)):
+            return None
+        self._ray_pids = ray_processes()
+        heads = {pid: name for pid, name in self._ray_pids.items() if name in RAY_HEADS}
+
+        def check() -> str | None:
+            for pid, name in heads.items():
+                if not _alive(pid):
+                    return f"the local Ray cluster is gone: its {name} (pid {pid}) exited"
+            self._ray_pids.update(ray_processes())
+            return None
+
+        return check
+
+    def _stop_ray(self, ray: Any, actors: list[Any]) -> None:
+        """Kill the actors and, if this launcher started Ray, shut it down; then kill any Ray
+        process of ours still alive (a dead head leaves orphans that ``shutdown`` misses)."""
+        from hydra_plugins.ray_actor_launcher.ray_cluster import kill_ray_processes
+
+        for actor in actors:
+            with contextlib.suppress(Exception):  # a dead cluster cannot kill its actors
+                ray.kill(actor)
+        if self._started_ray and self.params.shutdown_ray:
+            try:
+                ray.shutdown()
+            finally:
+                self._started_ray = False
+                left = kill_ray_processes(self._ray_pids)
+                if left:
+                    log.warning(f"killed {left} Ray process(es) left after shutdown")
 
     def _ensure_ray(self, ray: Any) -> None:
         if ray.is_initialized():
@@ -294,3 +374,56 @@ def _task_view(cfg: DictConfig) -> DictConfig:
     """The job config without its ``hydra`` node, as the task function will see it."""
     view = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     return view
+
+
+def check_params(params: DictConfig) -> list[str]:
+    """One message per launcher setting out of range, naming the key and the allowed values."""
+    problems = []
+
+    def bad(key: str, allowed: str) -> None:
+        problems.append(f"hydra.launcher.{key}={params.get(key)!r}: allowed {allowed}")
+
+    if params.on_failure not in ON_FAILURE:
+        bad("on_failure", " or ".join(ON_FAILURE))
+    num = params.get("num_actors")
+    if num is not None and (not isinstance(num, int) or isinstance(num, bool) or num < 1):
+        bad("num_actors", "an integer >= 1, or null for one per cluster CPU")
+    retries = params.get("max_retries")
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        bad("max_retries", "an integer >= 0")
+    for key, allowed in (("job_timeout_s", "a number of seconds > 0, or null for no limit"),
+                         ("ready_timeout_s", "a number of seconds > 0"),
+                         ("wait_poll_s", "a number of seconds > 0")):
+        value = params.get(key)
+        if value is None and key == "job_timeout_s":
+            continue
+        if (not isinstance(value, int | float) or isinstance(value, bool)
+                or not math.isfinite(value) or value <= 0):
+            bad(key, allowed)
+    return problems
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Treat SIGTERM like Ctrl-C while a sweep runs (main thread only), so the recorder
+    closes its runs instead of the process vanishing with them ``RUNNING``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -40,6 +40,10 @@ class RayExposedError(RuntimeError):
     """A local Ray would listen (or listens) beyond the loopback interface."""
 
 
+class ClusterLost(RuntimeError):
+    """The local Ray cluster the launcher started is gone (its raylet or GCS exited)."""
+
+
 def is_local(address: str | None) -> bool:
     """True when ``address`` asks for a private Ray started by this process."""
     return address in LOCAL_ADDRESSES
@@ -196,3 +200,56 @@ def describe(listeners: Iterable[tuple[int, str, int]]) -> str:
             name = "?"
         parts.append(f"{name} (pid {pid}) on {host}:{port}")
     return ", ".join(parts)
+
+
+# ------------------------------------------------------------------ Ray's own processes
+RAY_HEADS = ("raylet", "gcs_server")
+
+
+def _comm(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+
+
+def _is_ray_process(pid: int, comm: str) -> bool:
+    if comm in RAY_HEADS or comm.startswith("ray::"):
+        return True
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"/site-packages/ray/" in cmdline
+
+
+def ray_processes(root: int | None = None) -> dict[int, str]:
+    """``{pid: name}`` of the Ray processes below ``root`` (default: this process): GCS,
+    raylet, agents, monitors and workers that a local ``ray.init`` started."""
+    root = root or os.getpid()
+    if not Path("/proc").is_dir():
+        return {}
+    out = {}
+    for pid in process_tree(root) - {root}:
+        comm = _comm(pid)
+        if comm is not None and _is_ray_process(pid, comm):
+            out[pid] = comm
+    return out
+
+
+def kill_ray_processes(known: dict[int, str]) -> int:
+    """SIGKILL every process of ``known`` (pid -> name, as ``ray_processes`` gave it) and of
+    ``ray_processes()`` that still runs under the same name; how many were killed. Workers
+    and agents orphaned by a dead raylet are no longer below this process, hence ``known``."""
+    import signal
+
+    targets = {**known, **ray_processes()}
+    killed = 0
+    for pid, name in targets.items():
+        if _comm(pid) == name:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed

@@ -9,6 +9,7 @@ append-only while a request lives. Optional lower prefix-cache tiers (host DRAM,
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from engine.block_pool import BlockPool
 from engine.kv_tiers import KVTierPool, LowerTiers
@@ -18,6 +19,38 @@ from engine.specs import ConfigError
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCacheStats:
+    """vLLM's prefix-cache counters, in tokens, over a whole run (``PrefixCacheStats`` in
+    ``vllm/v1/metrics/stats.py``, recorded by ``KVCacheManager.get_computed_blocks``).
+
+    Every lookup adds the request's ``num_tokens`` to the queries and the hit tokens found to
+    the hits; a request preempted before (``num_preemptions > 0``) goes to the
+    ``preempted_*`` pair instead. vLLM's Prometheus counters ``vllm:prefix_cache_queries`` /
+    ``vllm:prefix_cache_hits`` and the logged "Prefix cache hit rate" use ``queries`` and
+    ``hits`` only, so ``hit_rate`` is what a vLLM dashboard shows. A lookup never hits its
+    last token (hits <= num_tokens - 1), so the rate lies in [0, 1).
+    """
+
+    queries: int = 0
+    hits: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """``hits / queries`` (0 when nothing was looked up, as vLLM's ``CachingMetrics``)."""
+        return self.hits / self.queries if self.queries else 0.0
+
+    def __add__(self, other: PrefixCacheStats) -> PrefixCacheStats:
+        return PrefixCacheStats(
+            self.queries + other.queries,
+            self.hits + other.hits,
+            self.preempted_queries + other.preempted_queries,
+            self.preempted_hits + other.preempted_hits,
+        )
 
 
 class KVCacheManager:
@@ -30,6 +63,8 @@ class KVCacheManager:
         "num_cached_block",
         "prefix_queries",
         "prefix_hits",
+        "prefix_preempted_queries",
+        "prefix_preempted_hits",
         "tiers",
         "kv_bytes_per_token",
     )
@@ -65,9 +100,13 @@ class KVCacheManager:
         self.req_blocks: dict[int, list[int]] = {}
         self.num_cached_block: dict[int, int] = {}
         # vLLM PrefixCacheStats: recorded on every lookup (a request blocked across several
-        # passes is counted on each, as vLLM does).
+        # passes is counted on each, as vLLM does). prefix_queries / prefix_hits count every
+        # lookup; the preempted pair, the part from previously preempted requests (vLLM keeps
+        # those apart), see prefix_cache_stats().
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.prefix_preempted_queries = 0
+        self.prefix_preempted_hits = 0
 
     # -- lookup -----------------------------------------------------------------------
     def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
@@ -87,7 +126,19 @@ class KVCacheManager:
         n = len(hits) * self.block_size
         self.prefix_queries += req.num_tokens
         self.prefix_hits += n
+        if req.num_preemptions:  # vLLM record(..., preempted=request.num_preemptions > 0)
+            self.prefix_preempted_queries += req.num_tokens
+            self.prefix_preempted_hits += n
         return hits, n
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """This manager's lookups split as vLLM splits them (see :class:`PrefixCacheStats`)."""
+        return PrefixCacheStats(
+            self.prefix_queries - self.prefix_preempted_queries,
+            self.prefix_hits - self.prefix_preempted_hits,
+            self.prefix_preempted_queries,
+            self.prefix_preempted_hits,
+        )
 
     def get_external_computed_tokens(self, req: Request, local_hit: int) -> int:
         """Tokens the lower tiers add beyond the NPU hit of ``local_hit`` tokens (0 without
@@ -203,18 +254,22 @@ class KVCacheManager:
 
     def tier_stats(self) -> dict[str, dict[str, float | int | str]]:
         """KV usage and prefix hit rates per tier, ``"npu"`` first, then each lower tier by
-        name. NPU queries/hits are counted on every lookup (vLLM ``PrefixCacheStats``), lower
-        tiers on admission; see :meth:`engine.kv_tiers.LowerTiers.stats`."""
+        name. NPU queries/hits are vLLM's ``PrefixCacheStats`` (every lookup of a request not
+        preempted before; lookups of preempted ones in ``preempted_query_tokens`` /
+        ``preempted_hit_tokens``), lower tiers count on admission; see
+        :meth:`engine.kv_tiers.LowerTiers.stats`."""
         pool = self.pool
         usable = pool.num_blocks - 1
         used = usable - pool.num_free
         cached = sum(len(ids) for ids in pool.cached.values())
-        q = self.prefix_queries
+        stats = self.prefix_cache_stats()
         npu: dict[str, float | int | str] = {
             "tier": "npu",
-            "query_tokens": q,
-            "hit_tokens": self.prefix_hits,
-            "hit_rate": self.prefix_hits / q if q else 0.0,
+            "query_tokens": stats.queries,
+            "hit_tokens": stats.hits,
+            "hit_rate": stats.hit_rate,
+            "preempted_query_tokens": stats.preempted_queries,
+            "preempted_hit_tokens": stats.preempted_hits,
             "capacity_blocks": usable,
             "used_blocks": used,
             "cached_blocks": cached,

@@ -23,7 +23,14 @@ class SimulationResult:
     requests: pd.DataFrame
     timeseries: pd.DataFrame
     num_preemptions: int
+    # Tokens served from the prefix cache, summed over every admission (first and resumed,
+    # lower tiers included): the reference simulator's count.
     prefix_hit_tokens: int
+    # vLLM's prefix-cache counters over all instances (``vllm:prefix_cache_queries`` /
+    # ``vllm:prefix_cache_hits``: NPU lookups of requests not preempted before), see
+    # ``engine.kv_cache.PrefixCacheStats``.
+    prefix_cache_queries: int
+    prefix_cache_hits: int
     makespan_ns: int
     kv_capacity: KVCapacity
     wall_s: float
@@ -33,6 +40,12 @@ class SimulationResult:
     # Per instance: prefix-cache statistics per tier ("npu", "cpu", "cxl"), see
     # ``KVCacheManager.tier_stats``.
     tier_stats: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """vLLM's prefix-cache hit rate, hits / queried tokens (0 without lookups); in [0, 1]."""
+        q = self.prefix_cache_queries
+        return self.prefix_cache_hits / q if q else 0.0
 
     def write(self, directory: str | Path, fmt: str = "parquet") -> list[Path]:
         """Write ``requests`` and ``timeseries`` as Parquet (default) or CSV files."""

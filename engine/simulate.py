@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from engine.batch import LatencyModel
 from engine.cluster import KvTransfer, Router, run_cluster
 from engine.instance import DpPad, EngineUnit, Member
-from engine.kv_cache import KVCacheManager
+from engine.kv_cache import KVCacheManager, PrefixCacheStats
 from engine.kv_tiers import KVTierPool
 from engine.memory import KVCapacity, kv_capacity
 from engine.request import Request
@@ -195,11 +195,14 @@ def simulate_cluster(
     members = [m for u in units for m in u.members]
     frame = requests_frame(requests)
     frame["instance"] = run.instance_of
+    prefix = sum((m.kv.prefix_cache_stats() for m in members), PrefixCacheStats())
     result = SimulationResult(
         requests=frame,
         timeseries=timeseries_frame([m.log for m in members], start_ns),
         num_preemptions=sum(m.scheduler.num_preemptions for m in members),
         prefix_hit_tokens=sum(r.prefix_hit_tokens for r in requests),
+        prefix_cache_queries=prefix.queries,
+        prefix_cache_hits=prefix.hits,
         makespan_ns=run.end_ns - start_ns,
         kv_capacity=built[0][1],
         wall_s=0.0,

@@ -133,7 +133,6 @@ def build_workload(cfg: DictConfig, model: ModelSpec) -> tuple[RequestSpec, ...]
 
 def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
     ts = result.timeseries
-    prompt_tokens = float(requests["prompt_len"].sum())
     cap = result.kv_capacity
     return {
         "kv_usage_pct_mean": float(ts["kv_usage_pct"].mean()) if len(ts) else 0.0,
@@ -142,7 +141,7 @@ def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
         "num_preemptions": float(result.num_preemptions),
         "preempted_requests": float((requests["num_preemptions"] > 0).sum()),
         "prefix_hit_tokens": float(result.prefix_hit_tokens),
-        "prefix_hit_rate": result.prefix_hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        "prefix_hit_rate": result.prefix_hit_rate,  # vLLM's: hits / queried tokens
         "queueing_delay_ms_mean": float(requests["queueing_delay_ns"].mean()) / NS_PER_MS,
         "makespan_s": result.makespan_ns / 1e9,
         "sim_wall_s": float(result.wall_s),

@@ -9,7 +9,8 @@ and is set ``FINISHED``; a sweep that ends without a result for it sets it ``KIL
 A ``RUNNING`` run is a live claim while its heartbeat is younger than ``CLAIM_TTL_S`` and,
 on this host, its driver process exists; otherwise it is stale and whoever claims the point
 next sets it ``KILLED`` (with ``servesweep.closed_by``). So two sweeps on one store run each
-point once between them, and a rerun after a SIGKILLed driver takes over at once.
+point once between them, and a rerun after a SIGKILLed driver takes over at once. Runs
+without an owner tag (a capacity study's, an older version's) are neither claims nor closed.
 
 Claims are taken under ``sweep.store_lock`` (an exclusive ``flock`` for a sqlite store).
 A store without that lock (an MLflow server) is still safe: after creating its claims a
@@ -43,6 +44,7 @@ CLOSED_BY_TAG = "servesweep.closed_by"
 HEARTBEAT_S = 10.0
 CLAIM_TTL_S = 60.0  # six missed heartbeats: the driver is gone (or cut off from the store)
 PAGE = 1000
+_ACTIVE: set[str] = set()  # sweep ids of this process whose claims are still held
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def claim_alive(tags: dict[str, str], now: float, me: Owner,
                 ttl_s: float = CLAIM_TTL_S) -> bool:
     """Whether a ``RUNNING`` run with these tags is a live claim (see the module doc)."""
     owner = tags.get(OWNER_TAG)
-    if owner is None:  # a run left by a version without claims: only its age can tell
+    if owner is None:  # not a claim (a capacity study's run, an older version's run)
         return False
     try:
         beat = float(tags.get(HEARTBEAT_TAG, "0"))
@@ -93,6 +95,8 @@ def claim_alive(tags: dict[str, str], now: float, me: Owner,
     if owner == me.tag:
         return True
     if host == me.host and pid_text.isdigit():
+        if int(pid_text) == os.getpid():  # an earlier sweep of this very process
+            return sweep_id in _ACTIVE
         return _pid_alive(int(pid_text))
     return True
 
@@ -130,6 +134,7 @@ class Claims:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        _ACTIVE.add(self.owner.sweep_id)
 
     # ---------------------------------------------------------------- owner tags
     def owner_tags(self) -> dict[str, str]:
@@ -153,6 +158,8 @@ class Claims:
             return sorted(self._held)
 
     def stop(self) -> None:
+        """End the heartbeat; this sweep's claims still ``RUNNING`` are stale from now on."""
+        _ACTIVE.discard(self.owner.sweep_id)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -185,7 +192,8 @@ class Claims:
         now = time.time()
         closed = 0
         for run in self._running() if runs is None else runs:
-            if not claim_alive(run.data.tags, now, self.owner, self.ttl_s):
+            if OWNER_TAG in run.data.tags and not claim_alive(run.data.tags, now, self.owner,
+                                                              self.ttl_s):
                 self._close(run.info.run_id)
                 closed += 1
         return closed
@@ -215,7 +223,7 @@ class Claims:
                     continue
                 if claim_alive(run.data.tags, now, self.owner, self.ttl_s):
                     live.setdefault(key, []).append(run)
-                else:
+                elif OWNER_TAG in run.data.tags:
                     self._close(run.info.run_id)
             out: dict[Any, Decision] = {}
             mine: dict[Any, str] = {}

@@ -46,6 +46,7 @@ MAX_PARAM_LEN = 6000
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 REACH_TIMEOUT_S = 5.0
+DEFAULT_RETRY_BUDGET_S = 20.0  # per write: a store locked or restarting for this long is waited out
 
 
 class TrackingError(RuntimeError):
@@ -99,7 +100,7 @@ class RetryPolicy:
     """Backoff for store writes: ``first_s``, doubled each time, ``budget_s`` in total."""
 
     first_s: float = 0.25
-    budget_s: float = 20.0
+    budget_s: float = DEFAULT_RETRY_BUDGET_S
     down: bool = False  # a write used its whole budget: try once until one succeeds
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
@@ -149,7 +150,7 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str, retry: RetryPolicy | None = None) -> None:
         self.uri = uri
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy(budget_s=DEFAULT_RETRY_BUDGET_S)
         check_store(uri)
         db = sqlite_path(uri)
         self.client = MlflowClient(tracking_uri=uri)

@@ -197,7 +197,7 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
         spec = SloSpec.from_config(cfg.slo)
         settings = settings_of(cap)
     except (ConfigError, ValueError) as err:
-        raise SystemExit(f"Invalid capacity settings; nothing was run.\n{err}") from None
+        raise SystemExit(f"Invalid SLO or capacity settings; nothing was run.\n{err}") from None
     problem = check_fleet_settings(cap)
     if problem:
         raise SystemExit(f"Invalid capacity settings; nothing was run.\n{problem}")

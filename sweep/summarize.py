@@ -20,6 +20,7 @@ CONFIG_GROUPS = ("hardware.", "model.", "cluster.", "workload.", "slo.", "study.
 KEY_METRICS = (
     "request_throughput",
     "output_throughput",
+    "slo_met",
     "goodput_rps",
     "slo_attainment_pct",
     "ttft_ms_median",

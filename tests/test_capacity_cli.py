@@ -86,7 +86,7 @@ def test_cli_capacity_search_on_ray_with_mlflow(tmp_path):
 
 
 @pytest.mark.parametrize(("override", "needle"), [
-    ("+slo.bounds.ttft_p99=5", "slo.bounds.ttft_p99=5 is not an SLO bound"),
+    ("+slo.bounds.ttft_p99=5", "slo.bounds.ttft_p99=5.0 is not an SLO bound"),
     ("capacity.tolerance=0", "capacity.tolerance=0"),
     ("cluster.tensor_parallel_size=3", "cluster.tensor_parallel_size=3 is not allowed"),
     ("capacity.router=nearest", "capacity.router='nearest' is not allowed"),

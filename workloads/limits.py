@@ -1,9 +1,10 @@
 """The limits every workload reader checks before it allocates anything large.
 
 A trace line declares its token counts in a few bytes, but the engine keeps every token of
-every request (prompt ids, output ids, block hashes, token timestamps): about 55 bytes per
-token today (measured: peak RSS over a fresh process, 1M tokens replayed through
-``engine.simulate``). Without a limit, one 64-byte line asking for 10M tokens took 497 MB.
+every request (prompt ids, output ids, block hashes, token timestamps): 55-65 bytes per
+token today (peak RSS over the import baseline, a 3 KB trace of 1.57M tokens replayed through
+``engine.simulate``: +80 MiB as prompt tokens, +105 MiB as output tokens). Without a limit,
+one 64-byte line asking for 10M tokens took 497 MB.
 So the readers refuse, by ``file:line`` and before any id is materialised:
 
 - a count above ``MAX_TOKENS_PER_FIELD``, or a request longer than ``max_model_len`` when
@@ -17,8 +18,8 @@ The file budget is ``TOKENS_PER_FILE_BYTE`` tokens per byte of the file, at leas
 ``MIN_FILE_TOKEN_BUDGET`` and at most ``MAX_TOTAL_TOKENS``. The densest shipped trace
 (``workload_me2_01_mixed.jsonl``, counts without ids) declares 166 tokens per byte
 (7.44M tokens in 44,843 bytes); the ShareGPT replays, which carry their ids, 0.18. 512 per
-byte leaves those 3x headroom and keeps a 3 KB file under 1.6M tokens (~85 MB in the
-engine). The floor lets a small file hold a few full-context requests (eight of 128k). A
+byte leaves those 3x headroom and keeps a 3 KB file under 1.6M tokens (80-105 MiB in
+the engine). The floor lets a small file hold a few full-context requests (eight of 128k). A
 caller that really means a denser file passes ``max_total_tokens`` explicitly.
 """
 

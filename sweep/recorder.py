@@ -148,7 +148,8 @@ class SweepRecorder:
 
         try:
             # several sweeps may open (and create) one sqlite store at the same time
-            self.tracker = open_tracker(self.tracking["uri"], self.tracking["experiment"])
+            self.tracker = open_tracker(self.tracking["uri"], self.tracking["experiment"],
+                                        self.tracking.get("retry_budget_s"))
         except TrackingError as err:
             raise SystemExit(f"{err}\nNothing was run.") from None
         self.claims = Claims(self.tracker)

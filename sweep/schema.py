@@ -161,13 +161,16 @@ class StudyConf:
 @dataclass
 class TrackingConf:
     """MLflow logging. ``uri`` defaults to ``$MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``;
-    ``null`` turns MLflow off (the Parquet results table is still written)."""
+    ``null`` turns MLflow off (the Parquet results table is still written).
+    ``retry_budget_s``: how long one store write is retried (with backoff) before the point
+    is counted as missing from MLflow (``sweep.tracking.RetryPolicy``)."""
 
     uri: str | None = "${oc.env:MLFLOW_TRACKING_URI,sqlite:///mlflow.db}"
     experiment: str = "${study.name}"
     timeseries: bool = True
     requests: bool = True
     plots: bool = True
+    retry_budget_s: float = 20.0
 
 
 @dataclass

@@ -15,7 +15,7 @@ import fcntl
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sweep.tracking import Tracker, sqlite_path
+from sweep.tracking import RetryPolicy, Tracker, sqlite_path
 
 
 @contextmanager
@@ -34,7 +34,9 @@ def store_lock(uri: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def open_tracker(uri: str, experiment: str) -> Tracker:
-    """``Tracker(uri, experiment)`` with store creation and experiment lookup serialised."""
+def open_tracker(uri: str, experiment: str, retry_budget_s: float | None = None) -> Tracker:
+    """``Tracker(uri, experiment)`` with store creation and experiment lookup serialised;
+    writes retried for ``retry_budget_s`` (default ``sweep.tracking.DEFAULT_RETRY_BUDGET_S``)."""
+    retry = RetryPolicy(budget_s=retry_budget_s) if retry_budget_s is not None else None
     with store_lock(uri):
-        return Tracker(uri, experiment)
+        return Tracker(uri, experiment, retry)

@@ -21,8 +21,6 @@ import math
 import os
 import sqlite3
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,11 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
+from sweep.store_check import TrackingError, check_store, sqlite_path  # noqa: E402
+
+__all__ = ["TrackingError", "TrackingWriteError", "Tracker", "RetryPolicy", "check_store",
+           "finite_metrics", "sqlite_path"]
+
 MAX_PARAMS = 100  # per log_batch call (MLflow's limit)
 MAX_METRICS = 1000
 MAX_PARAM_LEN = 6000
@@ -45,54 +48,11 @@ MAX_PARAM_LEN = 6000
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-REACH_TIMEOUT_S = 5.0
 DEFAULT_RETRY_BUDGET_S = 20.0  # per write: a store locked or restarting for this long is waited out
-
-
-class TrackingError(RuntimeError):
-    """The tracking store cannot be used; the message names ``tracking.uri`` and the fix."""
 
 
 class TrackingWriteError(RuntimeError):
     """A write to the tracking store failed after every retry."""
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (relative paths are cwd-relative)."""
-    prefix = "sqlite:///"
-    return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
-
-
-def check_store(uri: str) -> None:
-    """Raise ``TrackingError`` when ``uri`` cannot work: a sqlite file that cannot be
-    created or written, or an HTTP server that does not answer within a few seconds."""
-    db = sqlite_path(uri)
-    fix = "set tracking.uri to a reachable store, or tracking.uri=null to run without MLflow"
-    if db is not None:
-        folder = db.parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise TrackingError(
-                f"tracking.uri={uri}: cannot create folder {folder} ({err.strerror}); {fix}"
-            ) from None
-        target = db if db.exists() else folder
-        if not os.access(target, os.W_OK):
-            raise TrackingError(f"tracking.uri={uri}: {target} is not writable; {fix}")
-        return
-    if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S):
-                pass
-        except urllib.error.HTTPError:
-            pass  # something answers (an older server, a proxy): MLflow calls will tell
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise TrackingError(
-                f"tracking.uri={uri}: no MLflow server answered within {REACH_TIMEOUT_S:g} s "
-                f"({reason}); start one (mlflow server --host 127.0.0.1 --port <port> "
-                f"--backend-store-uri sqlite:///mlflow.db) or {fix}"
-            ) from None
 
 
 @dataclass

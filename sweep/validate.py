@@ -8,7 +8,9 @@ settings' ranges are ``engine.specs.EngineConfig``'s own (``sweep.settings`` con
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from engine.specs import ConfigError
 from profiles.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases
 from sweep.cluster import check_shape
 from sweep.settings import engine_config
+from sweep.store_check import TrackingError, check_store
 from workloads import LengthDist, WorkloadError
 
 BUNDLE_SOURCES = ("roofline", "dir")
@@ -131,10 +134,33 @@ def length_dist(wl: DictConfig, key: str) -> LengthDist:
         ) from None
 
 
+STUDY_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+@functools.lru_cache(maxsize=8)
+def _store_problem(uri: str) -> str | None:
+    """``sweep.store_check.check_store``'s message, once per URI and process (every grid
+    point asks)."""
+    try:
+        check_store(uri)
+    except TrackingError as err:
+        return str(err)
+    return None
+
+
 def check_rest(cfg: DictConfig) -> None:
     SloSpec.from_config(cfg.slo)  # raises ConfigError naming the slo.* key
-    if not str(cfg.study.name).strip():
-        raise _fail("study.name", cfg.study.name, "a non-empty name (it names the MLflow experiment)")
+    if not STUDY_NAME.fullmatch(str(cfg.study.name)):
+        raise _fail("study.name", cfg.study.name,
+                    "a file name of letters, digits, '.', '_' and '-' (at most 100, not "
+                    "starting with '.'): it names the MLflow experiment and the folder "
+                    "multirun/<study.name>")
+    budget = cfg.tracking.retry_budget_s
+    if not (isinstance(budget, int | float) and math.isfinite(budget) and budget >= 0):
+        raise _fail("tracking.retry_budget_s", budget, "a number of seconds >= 0")
+    problem = _store_problem(str(cfg.tracking.uri)) if cfg.tracking.uri else None
+    if problem:
+        raise ConfigError(problem)
     gt = cfg.groundtruth.dir
     if gt is not None and not resolve_path(gt).is_dir():
         raise _fail("groundtruth.dir", gt, "null or an existing vLLM ground-truth run directory")

@@ -123,10 +123,7 @@ def test_sweep_ray_listens_on_loopback_only(tmp_path):
     while proc.poll() is None and time.monotonic() < deadline:
         tree = process_tree(proc.pid)
         for pid, _host, _port in listening_sockets(tree):
-            try:
-                seen.add(Path(f"/proc/{pid}/comm").read_text().strip())
-            except OSError:
-                pass
+            seen.add(ray_cluster._comm(pid) or "?")
         exposed += non_loopback_listeners(proc.pid)
         time.sleep(0.2)
     out, _ = proc.communicate(timeout=60)

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "scenario":
             return run_scenario.main(args)
         if args.command == "report":
-            from analysis.report import main as report_main
+            from capacity.report import main as report_main
 
             return int(report_main([args.study_dir, *args.rest]) or 0)
         if args.command == "summarize":

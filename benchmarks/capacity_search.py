@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.capacity import RateSearch, SearchSettings
+from capacity.search import RateSearch, SearchSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,17 +13,18 @@ import pytest
 from omegaconf import OmegaConf
 
 from analysis.answers import point_answers
-from analysis.capacity import RateSearch, SearchSettings, pareto_front, size_fleet
 from analysis.cost import usd_per_m_output_tokens
-from analysis.report import render
 from analysis.slo import SloSpec
+from capacity.fleet import pareto_front, size_fleet
+from capacity.pool import LocalProbePool
+from capacity.report import render
+from capacity.run import write_outputs
+from capacity.search import RateSearch, SearchSettings
+from capacity.study import CapacityStudy, Configuration, ProbeCache, probe_key
 from engine import EngineConfig, simulate
 from engine.specs import ConfigError
 from engine.workload import RequestSpec
 from profiles.catalog import load_hardware, load_model
-from sweep.capacity import write_outputs
-from sweep.capacity_pool import LocalProbePool
-from sweep.capacity_study import CapacityStudy, Configuration, ProbeCache, probe_key
 
 # ---------------------------------------------------------------- the known-answer case
 # Every step costs A + C x (sequences in the batch); every request has a P-token prompt
@@ -142,7 +143,7 @@ def test_probe_key_follows_the_point_and_slo() -> None:
 
 
 def test_probe_key_follows_the_simulator_source(monkeypatch) -> None:
-    import sweep.capacity_study as study
+    import capacity.study as study
 
     point = _config().point
     key = probe_key(point)
@@ -284,8 +285,8 @@ def test_verify_fleet_behind_the_router() -> None:
     replicas meet the SLO, one replica under a stream beyond its capacity does not."""
     from hydra import compose, initialize_config_dir
 
-    from sweep.capacity_schema import register
-    from sweep.capacity_verify import verify_fleet
+    from capacity.schema import register
+    from capacity.verify import verify_fleet
 
     register()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
@@ -300,7 +301,7 @@ def test_verify_fleet_behind_the_router() -> None:
 
 
 def test_grid_from_sweeper_params_and_overrides() -> None:
-    from sweep.capacity import grid, label
+    from capacity.run import grid, label
 
     hc = OmegaConf.create({
         "sweeper": {"params": {"hardware": "h100_sxm,l40s", "cluster.tensor_parallel_size": "1,2",

@@ -105,8 +105,8 @@ def test_ray_probe_pool_times_out_and_replaces_the_actor(monkeypatch):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from sweep.capacity_pool import RayProbePool
-    from sweep.capacity_schema import register
+    from capacity.pool import RayProbePool
+    from capacity.schema import register
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     register()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from analysis.capacity import SearchSettings
+from capacity.search import SearchSettings
 from sweep.schema import SweepConfig
 
 
@@ -28,7 +28,7 @@ class PoolConf:
 
 @dataclass
 class CapacityConf:
-    """Search and fleet-sizing settings (see ``analysis.capacity``). The SLO is the study's
+    """Search and fleet-sizing settings (see ``capacity.search``, ``capacity.fleet``). The SLO is the study's
     ``slo:`` node (``analysis.slo``), the one sweeps use.
 
     Search: relative ``tolerance``; start at ``initial_rate`` or, when null, at
@@ -40,10 +40,10 @@ class CapacityConf:
     ``~/.cache/servesweep/capacity_probes``; null: no cache). ``target_rate`` (req/s): size the cheapest fleet, up to
     ``max_replicas`` replicas per option, listing ``fleet_top`` options; the cheapest
     ``verify_top`` are re-simulated as one cluster behind ``router`` (null: the
-    configuration's ``cluster.router``; ``sweep.capacity_verify``).
+    configuration's ``cluster.router``; ``capacity.verify``).
     """
 
-    # The search knobs default to analysis.capacity.SearchSettings' own values (one source).
+    # The search knobs default to capacity.search.SearchSettings' own values (one source).
     tolerance: float = SearchSettings.tolerance
     initial_rate: float | None = SearchSettings.initial_rate
     saturation_rate: float = SearchSettings.saturation_rate

@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from analysis.report_plots import latency_file, latency_vs_load_png
 from analysis.slo import SloSpec
-from sweep.capacity_study import Configuration
+from capacity.plots import latency_file, latency_vs_load_png
+from capacity.study import Configuration
 from sweep.recorder import flatten
 from sweep.store_lock import open_tracker
 from sweep.tracking import Tracker
@@ -105,7 +105,7 @@ class MlflowSink:
                                              "best.replicas": int(best["replicas"])})
             self.tracker.log_metrics(run_id, {f"best.{k}": v for k, v in _numbers(
                 best.to_dict()).items()})
-        path = self.out_dir / "fleet.csv"  # written by sweep.capacity.write_outputs
+        path = self.out_dir / "fleet.csv"  # written by capacity.run.write_outputs
         if path.is_file():
             self.tracker.log_artifact(run_id, path)
         self.tracker.finish(run_id, "FINISHED" if len(fleet) else "FAILED")

@@ -52,8 +52,8 @@ class Done:
 
 def run_fleet_check(point: dict[str, Any], replicas: int, rate: float,
                     router: str | None) -> dict[str, Any]:
-    """``sweep.capacity_verify.verify_fleet`` (for the pool)."""
-    from sweep.capacity_verify import verify_fleet
+    """``capacity.verify.verify_fleet`` (for the pool)."""
+    from capacity.verify import verify_fleet
 
     return verify_fleet(point, replicas, rate, router)
 

@@ -14,7 +14,7 @@ import copy
 from typing import Any
 
 from analysis.slo import SloSpec
-from sweep.capacity_pool import run_probe
+from capacity.pool import run_probe
 
 
 def fleet_point(point: dict[str, Any], replicas: int, target_rate: float,

@@ -1,4 +1,4 @@
-"""``python -m analysis.report <study dir>``: a self-contained HTML report of a capacity study.
+"""``python -m capacity.report <study dir>``: a self-contained HTML report of a capacity study.
 
 Reads what ``python -m sweep.capacity`` wrote (``capacity.parquet``, ``probes.parquet``,
 ``study.json`` and, after fleet sizing, ``fleet.parquet``), draws the plots into
@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.cost import WARMUP_FRACTION
-from analysis.report_plots import interactivity_png, latency_file, latency_vs_load_png, pareto_png
+from capacity.plots import interactivity_png, latency_file, latency_vs_load_png, pareto_png
 from engine.specs import ConfigError
 
 ANSWER_COLUMNS = {
@@ -237,7 +237,7 @@ def _summary(answers: pd.DataFrame, meta: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m analysis.report",
+    parser = argparse.ArgumentParser(prog="python -m capacity.report",
                                      description="HTML report of a capacity study")
     parser.add_argument("study_dir", help="output directory of python -m sweep.capacity")
     parser.add_argument("--out", help="HTML file to write (default <study_dir>/report.html)")

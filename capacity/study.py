@@ -1,6 +1,6 @@
 """Run the capacity searches of many configurations concurrently; cache and record probes.
 
-``CapacityStudy.run`` keeps one ``analysis.capacity.RateSearch`` per configuration and one
+``CapacityStudy.run`` keeps one ``capacity.search.RateSearch`` per configuration and one
 probe in flight per unfinished search, so the probes of different configurations run side by
 side on the pool. A probe whose resolved config (model, hardware, cluster, workload with its
 rate, the study's ``slo``) and simulator source hash to a file in the probe cache is not
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from analysis.capacity import RateSearch, SearchSettings
 from analysis.slo import SloSpec
+from capacity.search import RateSearch, SearchSettings
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ POINT_KEYS = ("hardware", "model", "cluster", "workload", "slo")
 # simulator never answers from probes of the old one.
 FINGERPRINT_PACKAGES = ("engine", "profiles", "astra_bridge", "workloads")
 FINGERPRINT_MODULES = ("analysis.metrics", "analysis.slo", "analysis.cost", "analysis.answers",
-                       "sweep.job", "sweep.cluster", "sweep.validate", "sweep.capacity_pool")
+                       "sweep.job", "sweep.cluster", "sweep.validate", "capacity.pool")
 
 
 @lru_cache(maxsize=1)

@@ -153,6 +153,15 @@ class SweepRecorder:
         except TrackingError as err:
             raise SystemExit(f"{err}\nNothing was run.") from None
         self.claims = Claims(self.tracker)
+        try:
+            self._open_parent()
+        except TrackingWriteError as err:
+            self.claims.stop()
+            raise SystemExit(f"tracking.uri={self.tracking['uri']}: the MLflow store refused "
+                             f"writes ({err}); nothing was run") from None
+
+    def _open_parent(self) -> None:
+        assert self.tracker is not None and self.claims is not None
         if self.nested:
             closed = self.claims.close_stale()
             if closed:
@@ -194,7 +203,11 @@ class SweepRecorder:
                     "output_dir": str(self._job_dir(cfg, None)),
                     "mlflow.parentRunId": str(self.parent_id)}
             points.append(PointClaim(idx, _point_hash(cfg), self._names[idx], tags))
-        decisions: dict[int, Decision] = self.claims.decide(points, reuse_finished)
+        try:
+            decisions: dict[int, Decision] = self.claims.decide(points, reuse_finished)
+        except TrackingWriteError as err:  # store down: run unclaimed, count what is not logged
+            log.error(f"points not claimed in the MLflow store ({err}); running them anyway")
+            return {idx: ("run", None) for idx, _ in jobs}
         out: dict[int, tuple[str, Any]] = {}
         for idx, d in decisions.items():
             if d.kind == "run":
@@ -272,6 +285,7 @@ class SweepRecorder:
             except Exception as err:  # the others are still recorded; this one is counted
                 row["missing"] = ",".join(filter(None, [row["missing"], "mlflow"]))
                 log.error(f"MLflow logging of job #{row['job']} failed: {err}")
+                self._abandon(row["job"])
         self._logging.clear()
         self._writer.shutdown()
         self.rows.sort(key=lambda r: r["job"])
@@ -320,6 +334,20 @@ class SweepRecorder:
         return ("; ".join(problems) + ". The finished results that were recorded are kept; "
                 "fix the cause and rerun the same command to fill in the rest.")
 
+    def _abandon(self, idx: int) -> None:
+        """Set job ``idx``'s claimed run ``KILLED`` (its result is not fully in MLflow, so a
+        rerun must compute it again); if even that fails, the claim goes stale and the next
+        sweep closes it."""
+        run_id = self._claimed.get(idx)
+        if run_id is None or self.tracker is None:
+            return
+        try:
+            self.tracker.finish(run_id, "KILLED")
+        except TrackingWriteError as err:
+            log.error(f"claim of job #{idx} not closed (the next sweep will): {err}")
+        if self.claims is not None:
+            self.claims.release(run_id)
+
     def _close_runs(self, status: str, table: Path | None, plot: Path | None, failed: int,
                     missing_mlflow: int, missing_disk: int, not_run: int) -> bool:
         """Finish the parent and set the claims of jobs that never reported ``KILLED``;
@@ -328,13 +356,9 @@ class SweepRecorder:
             return True
         assert self.claims is not None
         reported = {r["job"] for r in self.rows}
-        for idx, run_id in self._claimed.items():
+        for idx in self._claimed:
             if idx not in reported:
-                try:
-                    self.tracker.finish(run_id, "KILLED")
-                except TrackingWriteError as err:
-                    log.error(f"claim of job #{idx} not closed: {err}")
-            self.claims.release(run_id)
+                self._abandon(idx)
         ok = True
         if self.parent_id is not None:
             try:

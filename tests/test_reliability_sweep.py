@@ -25,15 +25,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra._internal.hydra import Hydra
 from hydra.core.global_hydra import GlobalHydra
 from mlflow.tracking import MlflowClient
 
-from sweep.app import task
 from sweep.config_hash import HASH_KEY, point_hash
-from sweep.recorder import RESULTS_FILE, read_results_table, task_config
+from sweep.recorder import task_config
 from sweep.resume import finished_counts
 from tests.store_helpers import finished_points
+from tests.sweep_helpers import run_sweep, sweep_env, table
 
 ray = pytest.importorskip("ray")
 
@@ -44,25 +43,6 @@ pytestmark = [
 ]
 WALL_CLOCK = ("sim_wall_s", "job_wall_s")  # host timings: the only metrics allowed to differ
 POINT = ["+experiment=mem_util_grid", "workload.num_requests=60", "tracking.plots=false"]
-
-
-def run_sweep(sweep_dir: Path, overrides: list[str]):
-    hydra_ = Hydra.create_main_hydra_file_or_module(
-        calling_file=None, calling_module="sweep.app", config_path="../conf", job_name="sweep"
-    )
-    try:
-        returns = hydra_.multirun(
-            config_name="config", task_function=task,
-            overrides=["hydra.launcher.progress=false", f"hydra.sweep.dir={sweep_dir}", *overrides],
-            with_log_configuration=False,
-        )
-    finally:
-        GlobalHydra().clear()
-    return returns[0]
-
-
-def table(sweep_dir: Path) -> pd.DataFrame:
-    return read_results_table(sweep_dir / RESULTS_FILE)[0]
 
 
 def same(a: float, b: float) -> bool:
@@ -153,13 +133,6 @@ def test_rerun_skips_finished_points_and_runs_the_rest(tmp_path, store):
     assert finished_counts(client, exp)[again.loc[0, HASH_KEY]] == 2
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
-    env["PYTHONPATH"] = str(REPO)
-    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the local Ray binds to 127.0.0.1 only
-    return env
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_an_interrupted_driver_loses_no_finished_point(tmp_path, sig):
@@ -170,7 +143,7 @@ def test_an_interrupted_driver_loses_no_finished_point(tmp_path, sig):
            "hydra.launcher.progress=false", "-m"]
     log = tmp_path / "driver.log"
     with log.open("w") as out_file:
-        driver = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), start_new_session=True,
+        driver = subprocess.Popen(cmd, cwd=tmp_path, env=sweep_env(), start_new_session=True,
                                   stdout=out_file, stderr=subprocess.STDOUT)
     finished_before = 0
     try:
@@ -193,7 +166,7 @@ def test_an_interrupted_driver_loses_no_finished_point(tmp_path, sig):
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("mem_util_grid").experiment_id
     before = finished_counts(client, exp)
-    out = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=400)
+    out = subprocess.run(cmd, cwd=tmp_path, env=sweep_env(), capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     after = finished_counts(client, exp)
     assert len(after) == 6 and set(after.values()) == {1}  # every point exactly once

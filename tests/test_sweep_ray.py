@@ -6,13 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from hydra._internal.hydra import Hydra
-from hydra.core.global_hydra import GlobalHydra
 from mlflow.tracking import MlflowClient
 
-from sweep.app import task
 from sweep.recorder import RESULTS_FILE, read_results_table
 from sweep.summarize import main as summarize_main
+from tests.sweep_helpers import run_sweep
 
 ray = pytest.importorskip("ray")
 
@@ -27,24 +25,6 @@ REQUIRED_METRICS = (
     "request_throughput", "output_throughput", "goodput_rps", "slo_attainment_pct",
     "kv_usage_pct_max", "num_preemptions", "prefix_hit_rate", "makespan_s", "job_wall_s",
 )
-
-
-def run_sweep(sweep_dir: Path, overrides: list[str]):
-    """``python -m sweep <overrides> -m`` in this process (Hydra's own test runners delete
-    the sweep dir on exit; here it is kept for inspection)."""
-    hydra_ = Hydra.create_main_hydra_file_or_module(
-        calling_file=None, calling_module="sweep.app", config_path="../conf", job_name="sweep"
-    )
-    try:
-        returns = hydra_.multirun(
-            config_name="config",
-            task_function=task,
-            overrides=["hydra.launcher.progress=false", f"hydra.sweep.dir={sweep_dir}", *overrides],
-            with_log_configuration=False,
-        )
-    finally:
-        GlobalHydra().clear()
-    return returns[0]
 
 
 def children(client: MlflowClient, experiment: str):

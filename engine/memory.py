@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.specs import GIB, ConfigError, EngineConfig, HardwareSpec, ModelSpec
+from engine.specs import GIB, ConfigError, EngineConfig, HardwareSpec, InfeasibleError, ModelSpec
 
 DTYPE_BYTES = {
     "bfloat16": 2,
@@ -122,7 +122,7 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) 
         num_blocks = config.num_gpu_blocks_override
     else:
         if formula_blocks < 2:
-            raise ConfigError(
+            raise InfeasibleError(
                 f"{model.name} does not fit on {hardware.name} at tensor_parallel_size={tp}, "
                 f"pipeline_parallel_size={pp}: "
                 f"{weights / GIB:.1f} GiB of weights per rank (+{overhead / GIB:.1f} GiB reserved) "

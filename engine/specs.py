@@ -30,6 +30,11 @@ class ConfigError(ValueError):
     """A configuration value is wrong. The message names the field and the fix."""
 
 
+class InfeasibleError(ConfigError):
+    """The configuration is valid but cannot serve on its hardware (the model does not fit,
+    a request is longer than ``max_model_len``): a capacity answer, not a mistake."""
+
+
 class SettingError(ConfigError):
     """One engine setting is out of range: names the field, the allowed values and the fix.
 

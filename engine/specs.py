@@ -209,6 +209,11 @@ class EngineConfig:
         if not isinstance(self.extra, dict):
             raise SettingError("extra", self.extra, "a mapping")
 
+    def model_len(self, model: ModelSpec) -> int:
+        """The longest request (prompt + output tokens) this engine accepts: ``max_model_len``,
+        or the model's context when unset (vLLM derives it from ``max_position_embeddings``)."""
+        return self.max_model_len or model.max_position_embeddings
+
     def check_model(self, model: ModelSpec) -> None:
         """Raise ``SettingError`` for a setting the model cannot run with (TP vs its attention
         heads, PP vs its layers, EP vs its experts, ``max_model_len`` vs its context)."""

@@ -87,6 +87,19 @@ def point_cluster(cluster_key: str, hardware: str, model: str, bundle_key: tuple
     return build_point_cluster(cl, spec, hw, engine_config(cl), profile_bundle(*bundle_key))
 
 
+def point_cluster_of(cfg: DictConfig) -> PointCluster:
+    """The (cached) engine instances of the point ``cfg`` describes."""
+    model = model_spec(cfg.model.name)
+    hw = hardware_spec(cfg.hardware.name)
+    bundle = cfg.hardware.bundle
+    bundle_key = (
+        bundle.source, bundle.root, bundle.variant, hw.name, model.name,
+        int(cfg.cluster.tensor_parallel_size),
+    )
+    cluster_key = json.dumps(OmegaConf.to_container(cfg.cluster, resolve=True), sort_keys=True)
+    return point_cluster(cluster_key, hw.name, model.name, bundle_key)
+
+
 def warn_beyond_profiled_range(pc: PointCluster) -> list[str]:
     """Log, once for the point, each engine limit above what its profile bundle covers
     (step prices there are extrapolated: ``check_engine`` of the latency model)."""
@@ -182,13 +195,7 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     check_config(cfg)
     model = model_spec(cfg.model.name)
     hw = hardware_spec(cfg.hardware.name)
-    bundle = cfg.hardware.bundle
-    bundle_key = (
-        bundle.source, bundle.root, bundle.variant, hw.name, model.name,
-        int(cfg.cluster.tensor_parallel_size),
-    )
-    cluster_key = json.dumps(OmegaConf.to_container(cfg.cluster, resolve=True), sort_keys=True)
-    pc = point_cluster(cluster_key, hw.name, model.name, bundle_key)
+    pc = point_cluster_of(cfg)
     warn_beyond_profiled_range(pc)
     workload = build_workload(cfg, model)
     result = simulate_cluster(

@@ -19,7 +19,6 @@ from omegaconf import DictConfig
 
 from engine.specs import ConfigError
 from sweep.schema import register
-from sweep.validate import check_config
 
 log = logging.getLogger(__name__)
 register()
@@ -41,22 +40,30 @@ SUMMARY_KEYS = (
 
 def task(cfg: DictConfig) -> dict[str, Any]:
     """Simulate the point described by ``cfg`` (plus its time-series plot when
-    ``tracking.plots``); record it too when not in a multirun."""
+    ``tracking.plots``); record it too when not in a multirun. A single run checks the point
+    first (``sweep.preflight``): an invalid or infeasible point exits non-zero with the
+    reason and no traceback; the infeasible one is recorded as such."""
     from sweep.job import run_point
 
     hydra_cfg = HydraConfig.get()
     single = hydra_cfg.mode == RunMode.RUN
+    infeasible = None
     if single:
+        from sweep.preflight import preflight
+
         try:
-            check_config(cfg)
+            infeasible = preflight(cfg)
         except ConfigError as err:  # one clear message instead of a traceback
             raise SystemExit(f"Invalid config; nothing was run.\n{err}") from None
-    result = run_point(cfg)
-    if cfg.tracking.plots and result["timeseries"].get("t_s"):
-        from sweep.plots import timeseries_png
+    if infeasible is not None:
+        result: dict[str, Any] = {"status": "infeasible", "reason": infeasible}
+    else:
+        result = run_point(cfg)
+        if cfg.tracking.plots and result["timeseries"].get("t_s"):
+            from sweep.plots import timeseries_png
 
-        title = " ".join(hydra_cfg.overrides.task) or str(cfg.study.name)
-        result["timeseries_png"] = timeseries_png(result["timeseries"], title)
+            title = " ".join(hydra_cfg.overrides.task) or str(cfg.study.name)
+            result["timeseries_png"] = timeseries_png(result["timeseries"], title)
     if single:
         from sweep.recorder import SweepRecorder
 
@@ -66,6 +73,9 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         ret = JobReturn(status=JobStatus.COMPLETED, _return_value=result)
         recorder.job_done(0, cfg, ret)
         problem = recorder.close("FINISHED")
+        if infeasible is not None:
+            raise SystemExit(f"Infeasible: {infeasible} (recorded as infeasible in "
+                             f"{out_dir}; nothing was simulated)")
         if problem:
             raise SystemExit(problem)
         metrics = result["metrics"]

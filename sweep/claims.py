@@ -212,9 +212,11 @@ class Claims:
         if not points:
             return {}
         with store_lock(self.tracker.uri):
+            # RUNNING first, FINISHED second: a claim that finishes between the two reads is
+            # seen as running (wait), never as neither (which would run the point again).
+            running = self._running()
             finished = (FinishedIndex.load(self.tracker.client, self.tracker.experiment_id)
                         if reuse_finished else FinishedIndex({}))
-            running = self._running()
             now = time.time()
             live: dict[str, list[Any]] = {}
             for run in running:

@@ -235,12 +235,15 @@ class SweepRecorder:
         params = flatten({k: v for k, v in point.items() if k not in NON_POINT_KEYS})
         value = ret._return_value
         ok = ret.status == JobStatus.COMPLETED and isinstance(value, dict) and "metrics" in value
+        infeasible = (ret.status == JobStatus.COMPLETED and isinstance(value, dict)
+                      and value.get("status") == "infeasible")
         point_key = _point_hash(cfg)
-        resumed = value.get("resumed_from") if ok else None
+        resumed = value.get("resumed_from") if ok or infeasible else None
         row: dict[str, Any] = {
             "job": idx,
-            "status": "finished" if ok else "failed",
+            "status": "finished" if ok else "infeasible" if infeasible else "failed",
             "error": None,
+            "infeasible_reason": value["reason"] if infeasible else None,
             "missing": "",
             "overrides": " ".join(overrides),
             "output_dir": str(out_dir),
@@ -253,7 +256,7 @@ class SweepRecorder:
             metrics, nonfinite = finite_metrics(value["metrics"])
             value["metrics"] = metrics
             row.update(metrics)
-        else:
+        elif not infeasible:
             row["error"] = _error_text(value)
         files, disk_error = self._write_job_files(out_dir, point, value if ok else None, row)
         if disk_error is not None:
@@ -268,9 +271,11 @@ class SweepRecorder:
                 tags["nonfinite_metrics"] = ",".join(f"{k}={v}" for k, v in sorted(nonfinite.items()))
             if disk_error is not None:
                 tags["servesweep.incomplete"] = f"outputs not written: {disk_error}"[:5000]
+            if infeasible:
+                tags["infeasible_reason"] = str(value["reason"])[:5000]
             future = self._writer.submit(
                 self._log_run, idx, {**params, HASH_KEY: point_key}, overrides,
-                value if ok else None, files, ok, tags, disk_error is None,
+                value if ok else None, files, row["status"], tags, disk_error is None,
             )
             self._logging.append((row, future))
         self.rows.append(row)
@@ -289,7 +294,8 @@ class SweepRecorder:
         self._logging.clear()
         self._writer.shutdown()
         self.rows.sort(key=lambda r: r["job"])
-        failed = sum(r["status"] != "finished" for r in self.rows)
+        failed = sum(r["status"] == "failed" for r in self.rows)
+        infeasible = sum(r["status"] == "infeasible" for r in self.rows)
         missing_mlflow = sum("mlflow" in r["missing"] for r in self.rows)
         missing_disk = sum("disk" in r["missing"] for r in self.rows)
         not_run = self.num_jobs - len(self.rows)
@@ -312,12 +318,14 @@ class SweepRecorder:
             log.error(f"results table not written to {path}: {err}")
             path = None
         plot = self._study_plot() if path is not None else None
-        parent_ok = self._close_runs(status, path, plot, failed, missing_mlflow, missing_disk,
-                                     not_run)
+        parent_ok = self._close_runs(status, path, plot, {
+            "failed_jobs": failed, "infeasible_jobs": infeasible,
+            "finished_jobs": len(self.rows) - failed - infeasible, "not_run_jobs": not_run,
+            "missing_mlflow": missing_mlflow, "missing_disk": missing_disk})
         log.info(
-            f"results: {path or 'NOT WRITTEN'} ({len(self.rows) - failed} finished, {failed} "
-            f"failed, {not_run} not run; missing from MLflow {missing_mlflow}, from disk "
-            f"{missing_disk})"
+            f"results: {path or 'NOT WRITTEN'} ({len(self.rows) - failed - infeasible} finished, "
+            f"{infeasible} infeasible, {failed} failed, {not_run} not run; missing from MLflow "
+            f"{missing_mlflow}, from disk {missing_disk})"
             + (f"; MLflow {self.tracking['uri']} experiment {self.tracking['experiment']!r}"
                if self.tracker is not None else "")
         )
@@ -348,8 +356,8 @@ class SweepRecorder:
         if self.claims is not None:
             self.claims.release(run_id)
 
-    def _close_runs(self, status: str, table: Path | None, plot: Path | None, failed: int,
-                    missing_mlflow: int, missing_disk: int, not_run: int) -> bool:
+    def _close_runs(self, status: str, table: Path | None, plot: Path | None,
+                    counts: dict[str, int]) -> bool:
         """Finish the parent and set the claims of jobs that never reported ``KILLED``;
         whether the parent could be closed."""
         if self.tracker is None or self.claims is None:
@@ -365,11 +373,7 @@ class SweepRecorder:
                 for path in (table, plot):
                     if path is not None:
                         self.tracker.log_artifact(self.parent_id, path)
-                self.tracker.set_tags(self.parent_id, {
-                    "failed_jobs": str(failed), "finished_jobs": str(len(self.rows) - failed),
-                    "not_run_jobs": str(not_run), "missing_mlflow": str(missing_mlflow),
-                    "missing_disk": str(missing_disk),
-                })
+                self.tracker.set_tags(self.parent_id, {k: str(v) for k, v in counts.items()})
                 self.tracker.finish(self.parent_id, status)
             except TrackingWriteError as err:
                 log.error(f"the sweep's parent run was not closed: {err}")
@@ -396,6 +400,8 @@ class SweepRecorder:
             out_dir.mkdir(parents=True, exist_ok=True)
             if value is not None:
                 files += self._write_outputs(out_dir, value)
+            elif row["infeasible_reason"] is not None:
+                files.append(atomic_write(out_dir / "infeasible.txt", row["infeasible_reason"]))
             else:
                 files.append(atomic_write(out_dir / "error.txt", row["error"]))
             files.append(atomic_write(out_dir / "config_resolved.yaml",
@@ -425,13 +431,15 @@ class SweepRecorder:
         return files
 
     def _log_run(self, idx: int, params: dict[str, Any], overrides: list[str],
-                 value: dict[str, Any] | None, files: list[Path], ok: bool,
+                 value: dict[str, Any] | None, files: list[Path], status: str,
                  extra_tags: dict[str, str], complete: bool) -> str:
         """One point's run (the claimed one, or a new one for a single run); it is set
-        ``FINISHED`` last, so a ``FINISHED`` run is complete. A point whose files could not
-        be written (``complete`` False) ends ``KILLED``: a rerun computes it again."""
+        ``FINISHED`` last, so a ``FINISHED`` run is complete (an infeasible point's run is
+        ``FINISHED`` too, tagged ``status=infeasible``: that is its answer). A point whose
+        files could not be written (``complete`` False) ends ``KILLED``: a rerun computes it
+        again."""
         tr = self.tracker
-        tags = {"job_num": str(idx), "status": "finished" if ok else "failed", "source": "sim",
+        tags = {"job_num": str(idx), "status": status, "source": "sim",
                 "overrides": " ".join(overrides)[:5000], **extra_tags}
         run_id = self._claimed.get(idx)
         if run_id is None:
@@ -449,7 +457,8 @@ class SweepRecorder:
                 tr.log_series(run_id, {k: v for k, v in series.items() if k != "t_s"}, steps)
         for path in files:
             tr.log_artifact(run_id, path)
-        tr.finish(run_id, ("FINISHED" if ok else "FAILED") if complete else "KILLED")
+        tr.finish(run_id, ("FAILED" if status == "failed" else "FINISHED") if complete
+                  else "KILLED")
         if self.claims is not None:
             self.claims.release(run_id)
         if not complete:

@@ -30,9 +30,14 @@ class FinishedPoint:
     start_time: int
     metrics: dict[str, float]
     output_dir: str | None
+    infeasible_reason: str | None = None
 
     def result(self) -> dict[str, Any]:
-        """The point's result as ``run_point`` shapes it, marked with the run it came from."""
+        """The point's result as ``run_point`` shapes it (or, for an infeasible point, as the
+        launcher records it), marked with the run it came from."""
+        if self.infeasible_reason is not None:
+            return {"status": "infeasible", "reason": self.infeasible_reason,
+                    "resumed_from": self.run_id, "resumed_output_dir": self.output_dir}
         return {"metrics": dict(self.metrics), "timeseries": {}, "resumed_from": self.run_id,
                 "resumed_output_dir": self.output_dir}
 
@@ -70,6 +75,8 @@ class FinishedIndex:
                 metrics={k: v for k, v in run.data.metrics.items()
                          if not k.startswith(SERIES_PREFIX)},
                 output_dir=run.data.tags.get("output_dir"),
+                infeasible_reason=(run.data.tags.get("infeasible_reason", "")
+                                   if run.data.tags.get("status") == "infeasible" else None),
             )
             old = points.get(key)
             if old is None or (point.start_time, point.run_id) < (old.start_time, old.run_id):

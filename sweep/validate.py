@@ -8,6 +8,8 @@ settings' ranges are ``engine.specs.EngineConfig``'s own (``sweep.settings`` con
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import math
 import re
@@ -166,8 +168,40 @@ def check_rest(cfg: DictConfig) -> None:
         raise _fail("groundtruth.dir", gt, "null or an existing vLLM ground-truth run directory")
 
 
+# vLLM's short command-line flags (``-tp``, ``-pp``, ``-dp``) and our old names, to suggest.
+ALIASES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size",
+           "dp": "data_parallel_size", "ep": "expert_parallel_size",
+           "mem_util": "gpu_memory_utilization"}
+
+
+def unknown_keys(node: Any, prefix: str = "") -> list[str]:
+    """Messages for keys of ``node`` (and its typed sub-nodes) that its schema does not have:
+    Hydra's ``+key=value`` adds them even to a typed node, and nothing would read them."""
+    if not isinstance(node, DictConfig):
+        return []
+    kind = OmegaConf.get_type(node)
+    if kind is None or not dataclasses.is_dataclass(kind):
+        return []
+    known = {f.name for f in dataclasses.fields(kind)}
+    out = []
+    for key in node:
+        name = f"{prefix}{key}"
+        if key not in known:
+            guess = ALIASES.get(str(key)) or next(iter(
+                difflib.get_close_matches(str(key), sorted(known), n=1)), None)
+            hint = f"; did you mean {prefix}{guess}?" if guess in known else ""
+            out.append(f"{name} is not a setting of {prefix.rstrip('.') or 'the config'}"
+                       f"{hint} (known: {', '.join(sorted(known))})")
+        elif key != "hydra":
+            out += unknown_keys(node._get_node(key), f"{name}.")
+    return out
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ``ConfigError`` for the first invalid value in a composed sweep config."""
+    unknown = unknown_keys(cfg)
+    if unknown:
+        raise ConfigError("; ".join(unknown))
     try:
         load_model(cfg.model.name)
     except ConfigError:

@@ -37,7 +37,7 @@ def test_default_config_is_valid_and_needs_no_data_files():
 def test_default_launcher_and_tracking_settings():
     cfg = compose_cfg(hydra=True)
     assert cfg.hydra.launcher._target_.endswith("RayActorLauncher")
-    assert cfg.hydra.launcher.validator == "sweep.validate:check_config"
+    assert cfg.hydra.launcher.validator == "sweep.preflight:preflight"
     assert cfg.hydra.launcher.recorder == "sweep.recorder:SweepRecorder"
     assert cfg.hydra.sweeper._target_.endswith("GridSweeper")
     assert cfg.hydra.job.name == "sweep"

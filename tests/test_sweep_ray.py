@@ -96,18 +96,47 @@ def test_small_sweep_logs_runs_and_writes_the_results_table(tmp_path, store):
     assert out.stat().st_size > 1000
 
 
-def test_a_failing_point_is_recorded_and_the_others_finish(tmp_path, store):
+def test_an_infeasible_point_is_recorded_not_run_and_not_a_failure(tmp_path, store):
     sweep_dir = tmp_path / "sweep"
     returns = run_sweep(sweep_dir, [
         "cluster.max_model_len=1024,32768",  # 1024 is too short for ShareGPT-like requests
         "workload.num_requests=40",
-        "tracking.experiment=failing",
+        "tracking.experiment=infeasible",
         f"tracking.uri={store}",
     ])
     values = [r.return_value for r in returns]
-    assert values[0]["status"] == "failed" and "max_model_len" in values[0]["error"]
+    assert values[0]["status"] == "infeasible" and "max_model_len=1024" in values[0]["reason"]
     assert "metrics" in values[1]
+    client = MlflowClient(store)
+    parents, kids = children(client, "infeasible")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert parents[0].data.tags["infeasible_jobs"] == "1"
+    assert parents[0].data.tags["failed_jobs"] == "0"
+    by_job = {k.data.tags["job_num"]: k for k in kids}
+    assert {j: k.info.status for j, k in by_job.items()} == {"0": "FINISHED", "1": "FINISHED"}
+    assert by_job["0"].data.tags["status"] == "infeasible"
+    assert "max_model_len" in by_job["0"].data.tags["infeasible_reason"]
+    table, _ = read_results_table(sweep_dir / RESULTS_FILE)
+    assert list(table["status"]) == ["infeasible", "finished"]
+    assert (sweep_dir / "0" / "infeasible.txt").is_file()
+    # a rerun reuses the infeasible answer, as it does a finished point
+    again = run_sweep(sweep_dir, ["cluster.max_model_len=1024,32768", "workload.num_requests=40",
+                                  "tracking.experiment=infeasible", f"tracking.uri={store}"])
+    assert again[0].return_value["status"] == "infeasible"
+    assert len(children(client, "infeasible")[1]) == 2
 
+
+def test_a_point_failing_at_run_time_exits_non_zero_after_the_others_finish(tmp_path, store):
+    """Without the preflight (``hydra.launcher.validator=null``) the too-short max_model_len
+    fails inside its job: recorded FAILED with the error, the other point finishes, and the
+    sweep exits non-zero."""
+    sweep_dir = tmp_path / "sweep"
+    with pytest.raises(SystemExit, match="1 of 2 jobs failed"):
+        run_sweep(sweep_dir, [
+            "cluster.max_model_len=1024,32768", "workload.num_requests=40",
+            "tracking.experiment=failing", f"tracking.uri={store}",
+            "hydra.launcher.validator=null",
+        ])
     client = MlflowClient(store)
     parents, kids = children(client, "failing")
     assert len(parents) == 1 and parents[0].info.status == "FAILED"
@@ -116,7 +145,6 @@ def test_a_failing_point_is_recorded_and_the_others_finish(tmp_path, store):
     assert status == {"0": "FAILED", "1": "FINISHED"}
     failed = next(k for k in kids if k.data.tags["job_num"] == "0")
     assert "error.txt" in {a.path for a in client.list_artifacts(failed.info.run_id)}
-
     table, _ = read_results_table(sweep_dir / RESULTS_FILE)
     assert list(table["status"]) == ["failed", "finished"]
     assert "max_model_len" in table.loc[0, "error"] and "Traceback" in table.loc[0, "error"]

@@ -44,7 +44,11 @@ class Recorder(Protocol):
     #             ) -> dict[int, tuple[str, Any]]: ...
 
 
-Validator = Callable[[DictConfig], None]
+# A validator raises for an invalid job config (every job is checked and all problems are
+# reported together, before anything starts), and may return a text for a valid job that
+# cannot run (infeasible): that job is not run; ``job_done`` receives
+# ``{"status": "infeasible", "reason": text}`` as its result.
+Validator = Callable[[DictConfig], str | None]
 
 
 def load_attr(spec: str, key: str) -> Any:

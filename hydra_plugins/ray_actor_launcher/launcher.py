@@ -82,8 +82,7 @@ class RayActorLauncher(Launcher):
     ) -> Sequence[JobReturn]:
         assert self.config is not None
         jobs = self._compose(job_overrides, initial_job_idx, sweep_dir)
-        if self.params.validator:
-            self._validate(jobs)
+        infeasible = self._validate(jobs) if self.params.validator else {}
         log.info(f"Launching {len(jobs)} jobs on Ray actors, sweep dir {sweep_dir}")
         recorder = self._make_recorder(sweep_dir, len(jobs))
         # The recorder opens its store (e.g. migrates an MLflow DB) while Ray starts.
@@ -95,7 +94,8 @@ class RayActorLauncher(Launcher):
         with _sigterm_as_interrupt():
             try:
                 try:
-                    self._run(jobs, job_overrides, initial_job_idx, recorder, starting, results)
+                    self._run(jobs, job_overrides, initial_job_idx, recorder, starting, results,
+                              infeasible)
                 except ClusterLost as err:
                     lost = str(err)
                 failed = sum(r.status == JobStatus.FAILED for r in results.values())
@@ -144,17 +144,33 @@ class RayActorLauncher(Launcher):
             jobs.append((idx, cfg))
         return jobs
 
-    def _validate(self, jobs: list[tuple[int, DictConfig]]) -> None:
-        """Run the validator on every job config; the first error ends the process."""
+    def _validate(self, jobs: list[tuple[int, DictConfig]]) -> dict[int, str]:
+        """Run the validator on every job config before anything starts. Every problem is
+        collected (one message each, with the jobs it concerns) and ends the process; a job
+        the validator answers with a text is infeasible: returned ``{idx: reason}``."""
         validate = load_attr(self.params.validator, "validator")
+        problems: dict[str, list[str]] = {}
+        infeasible: dict[int, str] = {}
         for idx, cfg in jobs:
             try:
-                validate(_task_view(cfg))
+                reason = validate(_task_view(cfg))
             except Exception as err:
                 overrides = " ".join(filter_overrides(list(cfg.hydra.overrides.task)))
-                raise SystemExit(
-                    f"Invalid config in job #{idx} ({overrides}); no job was started.\n{err}"
-                ) from None
+                problems.setdefault(str(err), []).append(f"#{idx} ({overrides})")
+                continue
+            if isinstance(reason, str) and reason:
+                infeasible[idx] = reason
+        if problems:
+            lines = []
+            for msg, where in problems.items():
+                shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+                lines.append(f"- job {shown}: {msg}")
+            raise SystemExit(f"Invalid config ({len(problems)} problem"
+                             f"{'s' if len(problems) > 1 else ''}); no job was started.\n"
+                             + "\n".join(lines))
+        for idx, reason in infeasible.items():
+            log.warning(f"job #{idx} is infeasible, recorded without running: {reason}")
+        return infeasible
 
     def _make_recorder(self, sweep_dir: Path, num_jobs: int) -> Recorder | None:
         if not self.params.recorder:
@@ -171,8 +187,11 @@ class RayActorLauncher(Launcher):
         recorder: Recorder | None,
         starting: InBackground | None,
         results: dict[int, JobReturn],
+        infeasible: dict[int, str],
     ) -> None:
-        """Run the jobs; each result is put into ``results`` (and recorded) as it arrives."""
+        """Run the jobs; each result is put into ``results`` (and recorded) as it arrives. An
+        infeasible job is recorded with its reason (``{"status": "infeasible", "reason"}``),
+        never run."""
         import ray
 
         from hydra_plugins.ray_actor_launcher._actor import JobFailure, JobRunner
@@ -215,6 +234,10 @@ class RayActorLauncher(Launcher):
             waiting = list(jobs)
             while waiting:
                 decisions = self._acquire(waiting, recorder)
+                for idx, _ in waiting:
+                    if decisions[idx][0] == "run" and idx in infeasible:
+                        decisions[idx] = ("done", {"status": "infeasible",
+                                                   "reason": infeasible[idx]})
                 reused = [idx for idx, _ in waiting if decisions[idx][0] == "done"]
                 for idx in reused:
                     ret = JobReturn(status=JobStatus.COMPLETED, _return_value=decisions[idx][1])

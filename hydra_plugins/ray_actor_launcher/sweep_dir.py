@@ -29,8 +29,9 @@ MAX_SUFFIX = 1000
 def reserve(configured: Path) -> Path:
     """The directory this process's sweep writes to (see the module doc)."""
     configured = configured.absolute()
-    if configured in _HELD:
-        return _HELD[configured][0]
+    for key, (held, _) in _HELD.items():
+        if configured in (key, held):  # reserved already (the sweeper, then the launcher)
+            return held
     for n in range(1, MAX_SUFFIX + 1):
         candidate = configured if n == 1 else configured.with_name(f"{configured.name}-{n}")
         candidate.mkdir(parents=True, exist_ok=True)

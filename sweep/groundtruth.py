@@ -27,6 +27,23 @@ SERIES = {
 }
 
 
+def recorded_series(ts: Any) -> tuple[dict[str, list[float]], list[str]]:
+    """The vLLM time series under the simulator's names, and the columns left out as not
+    recorded: absent, or zero in every row of a run that had requests running (the recorder
+    read an attribute that did not exist, as LLMServingSim's did for ``kv_cache_pct``; a
+    real KV usage is never 0 % while requests run)."""
+    series, missing = {}, []
+    busy = "running" in ts and bool((ts["running"] > 0).any())
+    for theirs, ours in SERIES.items():
+        if theirs not in ts:
+            missing.append(ours)
+        elif theirs == "kv_cache_pct" and busy and bool((ts[theirs] == 0).all()):
+            missing.append(f"{ours} (zero in every row: not recorded)")
+        else:
+            series[ours] = ts[theirs].tolist()
+    return series, missing
+
+
 def groundtruth_metrics(gt_dir: str, slo: DictConfig) -> tuple[Any, dict[str, float]]:
     """The loaded ground truth and its metrics (analysis metrics, SLO verdict, goodput)
     under ``slo`` (the ``slo:`` config node)."""
@@ -49,15 +66,22 @@ def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: s
         tags={"source": "vllm", "groundtruth_dir": str(gt.path)},
         parent_id=parent_id,
     )
-    params = {f"vllm.{k}": v for k, v in engine_settings(gt).items()}
+    # The simulated runs' param names: cluster.<vLLM setting>, hardware.name, model.name.
+    params: dict[str, Any] = {f"cluster.{k}": v for k, v in engine_settings(gt).items()}
+    first = gt.cluster.nodes[0].instances[0]
+    params["hardware.name"] = first.hardware
+    params["model.name"] = str(gt.meta.get("model") or first.model_name)
     params["groundtruth.dir"] = str(gt.path)
+    params["vllm_version"] = str(gt.meta.get("vllm_version", "unknown"))
     params.update(answers.params)  # the SLO bounds, named as in the simulated runs
     tracker.log_params(run_id, params)
     tracker.log_metrics(run_id, metrics)
     ts = gt.timeseries
-    steps = [int(round(t)) for t in ts["t"]]
-    if len(set(steps)) == len(steps):
-        series = {ours: ts[theirs].tolist() for theirs, ours in SERIES.items() if theirs in ts}
+    steps = [int(round(t)) for t in ts["t"]] if "t" in ts else []
+    series, missing = recorded_series(ts)
+    if missing:
+        tracker.set_tags(run_id, {"missing_series": ",".join(missing)})
+    if series and len(set(steps)) == len(steps):
         tracker.log_series(run_id, series, steps)
     tracker.log_artifact(run_id, gt.path / "vllm" / "meta.json")
     tracker.finish(run_id, "FINISHED")

@@ -162,6 +162,7 @@ class SweepRecorder:
 
     def _open_parent(self) -> None:
         assert self.tracker is not None and self.claims is not None
+        self.tracker.describe_experiment(str(self.study.get("description") or ""))
         if self.nested:
             closed = self.claims.close_stale()
             if closed:
@@ -318,7 +319,8 @@ class SweepRecorder:
             log.error(f"results table not written to {path}: {err}")
             path = None
         plot = self._study_plot() if path is not None else None
-        parent_ok = self._close_runs(status, path, plot, {
+        grid = self._grid_listing() if self.nested else None
+        parent_ok = self._close_runs(status, [path, plot, grid], {
             "failed_jobs": failed, "infeasible_jobs": infeasible,
             "finished_jobs": len(self.rows) - failed - infeasible, "not_run_jobs": not_run,
             "missing_mlflow": missing_mlflow, "missing_disk": missing_disk})
@@ -356,7 +358,19 @@ class SweepRecorder:
         if self.claims is not None:
             self.claims.release(run_id)
 
-    def _close_runs(self, status: str, table: Path | None, plot: Path | None,
+    def _grid_listing(self) -> Path | None:
+        """``grid.json``: every point of this sweep with its MLflow run (its own, or the
+        finished run it reused), so the parent run lists the whole grid."""
+        keys = ("job", "status", "overrides", HASH_KEY, "mlflow_run_id", "resumed_from",
+                "missing", "infeasible_reason")
+        listing = [{k: r.get(k) for k in keys} for r in self.rows]
+        try:
+            return atomic_write(self.sweep_dir / "grid.json", json.dumps(listing, indent=1))
+        except OSError as err:
+            log.error(f"grid listing not written: {err}")
+            return None
+
+    def _close_runs(self, status: str, artifacts: list[Path | None],
                     counts: dict[str, int]) -> bool:
         """Finish the parent and set the claims of jobs that never reported ``KILLED``;
         whether the parent could be closed."""
@@ -370,7 +384,7 @@ class SweepRecorder:
         ok = True
         if self.parent_id is not None:
             try:
-                for path in (table, plot):
+                for path in artifacts:
                     if path is not None:
                         self.tracker.log_artifact(self.parent_id, path)
                 self.tracker.set_tags(self.parent_id, {k: str(v) for k, v in counts.items()})

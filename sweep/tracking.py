@@ -64,19 +64,21 @@ class RetryPolicy:
     down: bool = False  # a write used its whole budget: try once until one succeeds
 
     def call(self, what: str, fn: Callable[[], T]) -> T:
-        delay, waited = self.first_s, 0.0
+        """``fn()``, retried until ``budget_s`` of wall time (attempts included: a locked
+        sqlite store makes each attempt wait MLflow's own 20 s busy timeout) has passed."""
+        delay, start = self.first_s, time.monotonic()
         while True:
             try:
                 value = fn()
             except Exception as err:  # store errors come as several types (sqlalchemy, http)
+                waited = time.monotonic() - start
                 if _not_retriable(err) or self.down or waited + delay > self.budget_s:
                     if not _not_retriable(err) and not self.down:
                         self.down = True
-                        log.warning(f"MLflow store down: {what} failed after {waited:.1f} s "
-                                    f"of retries; later writes are tried once each")
+                        log.warning(f"MLflow store down: {what} failed for {waited:.1f} s; "
+                                    "later writes are tried once each until one succeeds")
                     raise TrackingWriteError(f"{what}: {type(err).__name__}: {err}") from err
                 time.sleep(delay)
-                waited += delay
                 delay *= 2
             else:
                 if self.down:
@@ -104,6 +106,13 @@ def finite_metrics(metrics: Mapping[str, float]) -> tuple[dict[str, float], dict
     return out, replaced
 
 
+def _context_tags() -> dict[str, str]:
+    """MLflow's standard run tags for this process (source, user, git commit)."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    return {k: str(v) for k, v in resolve_tags().items()}
+
+
 class Tracker:
     """One MLflow experiment in one store; runs are created and logged by id. Every write
     goes through ``self.retry``."""
@@ -121,6 +130,7 @@ class Tracker:
             if db is not None:
                 with sqlite3.connect(db) as con:
                     con.execute("PRAGMA journal_mode=WAL")
+            self._context_tags = _context_tags()
         except Exception as err:  # first contact: one message, not MLflow's traceback chain
             raise TrackingError(
                 f"tracking.uri={uri}: cannot open experiment {experiment!r}: "
@@ -129,12 +139,21 @@ class Tracker:
             ) from None
 
     def create_run(self, name: str, tags: Mapping[str, str], parent_id: str | None = None) -> str:
-        all_tags = dict(tags)
+        """A run with ``tags`` plus MLflow's standard ones (``mlflow.source.name``,
+        ``mlflow.source.type``, ``mlflow.user``, ``mlflow.source.git.commit``, as MLflow's
+        own context providers resolve them for this process)."""
+        all_tags = {**self._context_tags, **tags}
         if parent_id is not None:
             all_tags["mlflow.parentRunId"] = parent_id
         run = self.retry.call(f"create run {name}", lambda: self.client.create_run(
             self.experiment_id, run_name=name, tags=all_tags))
         return run.info.run_id
+
+    def describe_experiment(self, text: str) -> None:
+        """Set the experiment's description (shown by the MLflow UI)."""
+        if text:
+            self.retry.call("set experiment description", lambda: self.client.set_experiment_tag(
+                self.experiment_id, "mlflow.note.content", text))
 
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]

@@ -194,3 +194,15 @@ def test_groundtruth_run_carries_the_simulators_metric_names(small_result, share
     assert metrics["completed"] == 300
     history = MlflowClient(uri).get_metric_history(run_id, "ts/running")
     assert len(history) > 10
+    # the simulated runs' param names, so the MLflow UI compares like with like
+    assert run.data.params["cluster.max_num_seqs"] == str(small_result_params_max_num_seqs())
+    assert run.data.params["hardware.name"] == "RTXPRO6000"
+    assert run.data.params["model.name"] == "meta-llama/Llama-3.1-8B"
+    # LLMServingSim's recorder read a missing attribute: kv_cache_pct is 0 in every row
+    assert "kv_usage_pct" in run.data.tags["missing_series"]
+    assert MlflowClient(uri).get_metric_history(run_id, "ts/kv_usage_pct") == []
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.type"] == "LOCAL"
+
+
+def small_result_params_max_num_seqs() -> int:
+    return 128  # the Llama ground truth's engine_kwargs.max_num_seqs

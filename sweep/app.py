@@ -2,7 +2,9 @@
 
 Every job calls ``task``: it simulates one point (``sweep.job.run_point``) and returns the
 plain result. In a multirun the ``ray_actor`` launcher's recorder stores the results in the
-driver; in a single run this process is the driver and records the one result itself.
+driver; with any other launcher ``sweep.recording.RecordingCallback`` does (and may hand the
+task a stored result instead: a resumed or infeasible point); in a single run this process
+is the driver and records the one result itself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from engine.specs import ConfigError
+from sweep.recording import take_result
 from sweep.schema import register
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,9 @@ def task(cfg: DictConfig) -> dict[str, Any]:
             infeasible = preflight(cfg)
         except ConfigError as err:  # one clear message instead of a traceback
             raise SystemExit(f"Invalid config; nothing was run.\n{err}") from None
+    stored = None if single else take_result()  # resumed / infeasible (basic launcher)
+    if stored is not None:
+        return stored
     if infeasible is not None:
         result: dict[str, Any] = {"status": "infeasible", "reason": infeasible}
     else:

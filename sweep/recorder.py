@@ -126,6 +126,9 @@ class SweepRecorder:
         self.sweep_overrides = (
             list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
         )
+        self.swept = swept_keys(config)
+        target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
+        self.launcher = target.rsplit(".", 1)[-1] or "none"
         self.tracker: Any = None
         self.claims: Claims | None = None
         self.parent_id: str | None = None
@@ -173,7 +176,7 @@ class SweepRecorder:
                     "sweep_dir": str(self.sweep_dir),
                     "study": str(self.study["name"]),
                     "num_jobs": str(self.num_jobs),
-                    "launcher": "ray_actor",
+                    "launcher": self.launcher,
                     "kind": "sweep",
                     "mlflow.note.content": str(self.study.get("description") or ""),
                     **self.claims.owner_tags(),
@@ -194,10 +197,9 @@ class SweepRecorder:
         (another live sweep runs it now; ask again later). Without a store every job runs."""
         if self.claims is None or not self.nested:
             return {idx: ("run", None) for idx, _ in jobs}
-        names = _run_names(jobs, self.sweep_dir.name)
         points = []
-        for (idx, cfg), name in zip(jobs, names, strict=True):
-            self._names.setdefault(idx, name)
+        for idx, cfg in jobs:
+            self._names.setdefault(idx, self._run_name(idx, cfg))
             overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
             tags = {"job_num": str(idx), "source": "sim", "kind": "point",
                     "overrides": " ".join(overrides)[:5000],
@@ -239,6 +241,8 @@ class SweepRecorder:
         infeasible = (ret.status == JobStatus.COMPLETED and isinstance(value, dict)
                       and value.get("status") == "infeasible")
         point_key = _point_hash(cfg)
+        if self.nested:
+            self._names.setdefault(idx, self._run_name(idx, cfg))
         resumed = value.get("resumed_from") if ok or infeasible else None
         row: dict[str, Any] = {
             "job": idx,
@@ -320,7 +324,7 @@ class SweepRecorder:
             path = None
         plot = self._study_plot() if path is not None else None
         grid = self._grid_listing() if self.nested else None
-        parent_ok = self._close_runs(status, [path, plot, grid], {
+        parent_ok = self._close_runs(status, [path, plot, grid], {"num_jobs": self.num_jobs,
             "failed_jobs": failed, "infeasible_jobs": infeasible,
             "finished_jobs": len(self.rows) - failed - infeasible, "not_run_jobs": not_run,
             "missing_mlflow": missing_mlflow, "missing_disk": missing_disk})
@@ -444,6 +448,17 @@ class SweepRecorder:
             files.append(atomic_write(out_dir / "timeseries.png", value["timeseries_png"]))
         return files
 
+    def _run_name(self, idx: int, cfg: DictConfig) -> str:
+        """``gpu_memory_utilization=0.7,rate=4 @<sweep dir>``: the swept values of the job,
+        then the sweep directory's name, so names are unique across sweeps."""
+        values = {}
+        for item in OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []:
+            key, sep, val = str(item).lstrip("+~").partition("=")
+            if sep:
+                values[key] = val
+        label = ",".join(f"{k.rsplit('.', 1)[-1]}={values.get(k)}" for k in self.swept)
+        return f"{label or f'job-{idx}'} @{self.sweep_dir.name}"
+
     def _log_run(self, idx: int, params: dict[str, Any], overrides: list[str],
                  value: dict[str, Any] | None, files: list[Path], status: str,
                  extra_tags: dict[str, str], complete: bool) -> str:
@@ -457,8 +472,7 @@ class SweepRecorder:
                 "overrides": " ".join(overrides)[:5000], **extra_tags}
         run_id = self._claimed.get(idx)
         if run_id is None:
-            name = self._names.get(idx) or (f"job-{idx}" if self.nested
-                                            else str(self.study["name"]))
+            name = self._names.get(idx) or str(self.study["name"])
             run_id = tr.create_run(name, tags, parent_id=self.parent_id)
         else:
             tr.set_tags(run_id, tags)
@@ -503,24 +517,20 @@ class SweepRecorder:
         )
 
 
-def _run_names(jobs: list[tuple[int, DictConfig]], sweep_name: str) -> list[str]:
-    """Run names from the values the jobs differ in (``gpu_memory_utilization=0.7,rate=4``),
-    followed by the sweep directory's name, so names are unique across sweeps."""
-    parsed = []
-    for _, cfg in jobs:
-        pairs = {}
-        for item in OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or []:
-            key, sep, val = str(item).lstrip("+~").partition("=")
-            if sep:
-                pairs[key] = val
-        parsed.append(pairs)
-    keys = sorted({k for p in parsed for k in p})
-    swept = [k for k in keys if len({p.get(k) for p in parsed}) > 1]
-    names = []
-    for (idx, _), pairs in zip(jobs, parsed, strict=True):
-        label = ",".join(f"{k.rsplit('.', 1)[-1]}={pairs.get(k)}" for k in swept)
-        names.append(f"{label or f'job-{idx}'} @{sweep_name}")
-    return names
+def swept_keys(config: DictConfig) -> list[str]:
+    """The config keys a multirun sweeps over: task overrides and sweeper ``params`` whose
+    value is a sweep (``a=1,2``, ``range(..)``, ``choice(..)``, ``glob(..)``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    items = [str(o) for o in OmegaConf.select(config, "hydra.overrides.task", default=[]) or []]
+    params = OmegaConf.select(config, "hydra.sweeper.params", default=None)
+    if params:
+        items += [f"{k}={v}" for k, v in params.items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides(items)
+    except Exception:  # not Hydra override syntax (a test config): nothing is swept
+        return []
+    return sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
 
 
 def _point_hash(cfg: DictConfig) -> str:

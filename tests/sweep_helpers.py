@@ -24,10 +24,11 @@ def run_sweep(sweep_dir: Path, overrides: list[str]):
     hydra_ = Hydra.create_main_hydra_file_or_module(
         calling_file=None, calling_module="sweep.app", config_path="../conf", job_name="sweep"
     )
+    quiet = [] if "hydra/launcher=basic" in overrides else ["hydra.launcher.progress=false"]
     try:
         returns = hydra_.multirun(
             config_name="config", task_function=task,
-            overrides=["hydra.launcher.progress=false", f"hydra.sweep.dir={sweep_dir}", *overrides],
+            overrides=[*quiet, f"hydra.sweep.dir={sweep_dir}", *overrides],
             with_log_configuration=False,
         )
     finally:

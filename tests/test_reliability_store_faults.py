@@ -253,6 +253,7 @@ def test_losing_the_local_head_ends_with_our_message_and_the_table(tmp_path):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(driver.pid, signal.SIGKILL)
     out = log.read_text()
+    print(f"driver ended {ended_s:.1f} s after its raylet was killed, exit {driver.returncode}")
     assert driver.returncode not in (0, None), out[-3000:]
     assert "the local Ray cluster is gone: its raylet" in out, out[-3000:]
     assert ended_s < 60, ended_s

@@ -3,6 +3,7 @@
     python -m analysis scenario --cluster-config ../shared/data/llmservingsim/configs/cluster/single_node_pd_instance.json \\
         --workload ../shared/data/llmservingsim/workloads/example_trace.jsonl \\
         --profiles ../shared/data/llmservingsim/profiles --num-reqs 10 [--prefix-storage CPU --prefix-sharing]
+        [--comm-backend astra_sim --astra-sim-binary path/to/AstraSim_Analytical_Congestion_Unaware]
 
 Prints one line per instance (KV capacity, requests finished) and the run's totals, and writes
 per-request results when ``--output`` is given (CSV or Parquet by extension).
@@ -17,9 +18,10 @@ from typing import Any
 
 from analysis.metrics import compute_metrics
 from analysis.scenario import load_reference_cluster
+from astra_bridge import COMM_BACKENDS, CommBackend
 from engine.results import SimulationResult
-from engine.simulate import simulate_cluster
-from engine.specs import EngineConfig
+from engine.simulate import simulate_deployment
+from engine.specs import ConfigError, EngineConfig, SettingError
 from workloads import read_jsonl
 
 
@@ -36,7 +38,16 @@ def run_scenario(
     streamed_pd: bool | None = None,
     model_configs: str | Path | None = None,
     roofline_fallback: bool = True,
+    comm_backend: str = "analytical",
+    astra_sim_binary: str | None = None,
 ) -> tuple[SimulationResult, list[str]]:
+    try:
+        backend = CommBackend(comm_backend, astra_sim_binary)
+    except SettingError as err:  # name the command-line flags
+        text = str(err.named("--"))
+        for key in ("comm_backend", "astra_sim_binary"):
+            text = text.replace(f"--{key}", "--" + key.replace("_", "-"))
+        raise ConfigError(text) from None
     base = EngineConfig()
     if reference_clock:
         base = replace(base, async_scheduling=False, step_overhead_us=0.0)
@@ -50,16 +61,11 @@ def run_scenario(
         streamed_pd=reference_clock if streamed_pd is None else streamed_pd,
         reference_dp=reference_clock,
         roofline_fallback=roofline_fallback,
+        comm_backend=backend,
+        router=router,
     )
     requests = read_jsonl(workload, limit=num_reqs)
-    result = simulate_cluster(
-        build.instances,
-        requests,
-        router=router,
-        kv_transfer_ns=build.kv_transfer_ns,
-        dp_pad=build.dp_pad,
-    )
-    return result, build.notes
+    return simulate_deployment(build, requests), build.notes
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,6 +94,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "it with a generated roofline bundle",
     )
     p.add_argument("--model-configs", help="folder of HF model configs for models not in the catalog")
+    p.add_argument("--comm-backend", default="analytical", choices=list(COMM_BACKENDS),
+                   help="collective timing: the embedded analytical model (default) or a built "
+                   "ASTRA-Sim binary (astra_sim, with --astra-sim-binary)")
+    p.add_argument("--astra-sim-binary", default=None,
+                   help="path of AstraSim_Analytical_Congestion_Unaware (with --comm-backend "
+                   "astra_sim)")
     p.add_argument("--output", help="per-request results (.csv or .parquet)")
 
 
@@ -103,6 +115,8 @@ def main(args: argparse.Namespace) -> int:
         reference_clock=args.reference_clock,
         model_configs=args.model_configs,
         roofline_fallback=not args.no_roofline_fallback,
+        comm_backend=args.comm_backend,
+        astra_sim_binary=args.astra_sim_binary,
     )
     for note in notes:
         print(f"note: {note}")

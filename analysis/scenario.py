@@ -1,11 +1,13 @@
 """Run an LLMServingSim cluster config (``configs/cluster/*.json``) unchanged on our engine.
 
-``build_reference_cluster`` turns a parsed :class:`analysis.groundtruth.ClusterSpec` into engine
-:class:`~engine.simulate.InstanceSpec` objects: the reference's parallelism inference, its 14
-per-instance runtime overrides on top of the run-wide engine settings, hardware from our
-catalog (memory size and bandwidth from the config), a communication-aware latency model per
-instance (``profiles.parallel``), the P/D KV hand-off, DP padding, and the prefix-cache tier below
-the NPU (``prefix_storage`` CPU or CXL, private or shared as ``--enable-prefix-sharing``).
+``reference_plan`` turns a parsed :class:`analysis.groundtruth.ClusterSpec` into the one
+deployment description (``profiles.deployment.DeploymentPlan``): the reference's parallelism
+inference, its 14 per-instance runtime overrides on top of the run-wide engine settings,
+hardware from our catalog (memory size and bandwidth from the config), the links, the P/D
+roles, DP groups and the prefix-cache tier below the NPU (``prefix_storage`` CPU or CXL,
+private or shared as ``--enable-prefix-sharing``). ``build_reference_cluster`` assembles it
+(``profiles.deployment.assemble``: KV capacity, a communication-aware latency model per
+instance, the P/D KV hand-off, DP padding).
 
 An instance whose (hardware, model) has no measured bundle under the profiles root is priced with
 a generated roofline bundle (``profiles.roofline``) when the hardware is in our catalog, and the
@@ -18,7 +20,7 @@ or host memory stream from there every step (``profiles.placement``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,23 +30,21 @@ from analysis.groundtruth import (
     InstanceSpec,
     load_cluster_config,
 )
+from astra_bridge import CommBackend
 from astra_bridge.memory import MemoryTier, TierKind
-from engine.kv_tiers import KVTierPool, SharedTierPools, chunk_tokens_for
-from engine.memory import kv_capacity
-from engine.simulate import InstanceSpec as EngineInstance
+from engine.deployment import Deployment
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec, SettingError
-from profiles.bundle import BundleError, ProfileBundle, load_bundle, variant_name
-from profiles.catalog import list_hardware, load_hardware, load_model, model_from_hf_config
-from profiles.parallel import (
-    VllmDpPad,
-    cluster_kv_transfer,
-    cudagraph_max_tokens,
-    latency_for_instance,
-    layout_for_instance,
-    pad_dp_group,
+from profiles.catalog import load_hardware, load_model, model_from_hf_config
+from profiles.deployment import (
+    BundleSource,
+    DeploymentPlan,
+    InstancePlan,
+    Links,
+    TierPlan,
+    assemble,
 )
-from profiles.placement import WeightPlacement, placement_for_instance
-from profiles.roofline import ensure_bundle
+from profiles.parallel.layout import ParallelLayout, layout_for_instance
+from profiles.placement import placement_for_instance
 
 UNLIMITED = 1 << 30  # the reference maps 0 to "no limit" for max_num_seqs / batched tokens
 
@@ -55,17 +55,6 @@ _OVERRIDES = tuple(
 )
 # Reference features that change timing and that we do not model: refuse rather than ignore.
 _UNSUPPORTED = ("enable_local_offloading", "enable_attn_offloading", "enable_sub_batch_interleaving")
-
-
-@dataclass(slots=True)
-class ClusterBuild:
-    """Everything ``engine.simulate_cluster`` needs for one reference scenario."""
-
-    instances: list[EngineInstance]
-    kv_transfer_ns: Any
-    dp_pad: Any
-    pools: SharedTierPools
-    notes: list[str]
 
 
 def _model(name: str, model_configs: Path | None, models: dict[str, ModelSpec]) -> ModelSpec:
@@ -90,33 +79,8 @@ def _hardware(inst: InstanceSpec) -> HardwareSpec:
     return replace(hw, name=inst.hardware, mem_gib=float(mem.mem_size), hbm_bw_gbs=float(mem.mem_bw))
 
 
-def _bundle_for(
-    root: str | Path, hw: HardwareSpec, model: ModelSpec, tp: int, kv_cache_dtype: str,
-    roofline_fallback: bool,
-) -> tuple[ProfileBundle, str | None]:
-    """The measured bundle under ``root``, else (fallback on, hardware with peak figures in the
-    catalog) a roofline bundle, with a note saying which was used."""
-    variant = variant_name(model.dtype, kv_cache_dtype)
-    try:
-        return load_bundle(root, hw.name, model.name, variant), None
-    except BundleError as exc:
-        measured_missing = not (Path(root) / hw.name / model.name / variant).is_dir()
-        if not (roofline_fallback and measured_missing):
-            raise
-        if hw.peak_bf16_tflops <= 0:
-            raise BundleError(
-                f"{exc} No roofline fallback either: hardware {hw.name!r} is not in the catalog "
-                f"({', '.join(list_hardware())}); add a profiles/hardware/<name>.yaml entry"
-            ) from exc
-    vdir = ensure_bundle(hw, model, tp, variant=variant)
-    return load_bundle(vdir), (
-        f"no measured bundle for {hw.name}/{model.name}/{variant} under {root}; priced with a "
-        f"generated roofline bundle ({vdir}; error vs measured bundles: docs/roofline.md)"
-    )
-
-
 def _engine_config(
-    inst: InstanceSpec, model: ModelSpec, base: EngineConfig, layout: Any, where: str
+    inst: InstanceSpec, model: ModelSpec, base: EngineConfig, layout: ParallelLayout, where: str
 ) -> EngineConfig:
     """``base`` with the instance's overrides, memory share and parallel layout, converted
     once (``EngineConfig`` checks the result; an override's error names its key at ``where``)."""
@@ -142,7 +106,7 @@ def _engine_config(
         raise (err.named(f"{where}.") if err.field in ov else err) from None
 
 
-def build_reference_cluster(
+def reference_plan(
     cluster: ClusterSpec,
     profiles_root: str | Path,
     *,
@@ -154,16 +118,20 @@ def build_reference_cluster(
     streamed_pd: bool = False,
     reference_dp: bool = False,
     roofline_fallback: bool = True,
-) -> ClusterBuild:
-    """Engine instances for a reference cluster config (see the module docstring).
+    comm_backend: CommBackend | None = None,
+    router: str = "least_loaded",
+) -> DeploymentPlan:
+    """The deployment a reference cluster config describes (see the module docstring).
 
     ``models`` maps model names to specs that take precedence over the catalog;
     ``model_configs`` is a folder of HF configs (``<org>/<name>.json``) for models the catalog
     lacks. ``streamed_pd`` selects the reference's layer-streamed P/D hand-off;
     ``reference_dp`` its DP rounds (every batch padded to the group's largest, MoE experts priced
     on the member's own tokens, dense groups in lock-step too) instead of vLLM's
-    (:class:`profiles.parallel.VllmDpPad`; dense DP ranks are independent engines);
-    ``roofline_fallback`` a generated bundle where no measured one exists (see module docstring)."""
+    (:class:`profiles.parallel.dp_pad.VllmDpPad`; dense DP ranks are independent engines);
+    ``roofline_fallback`` a generated bundle where no measured one exists (see module docstring);
+    ``comm_backend`` the collective backend (default: the embedded analytical model);
+    ``router`` the policy spreading requests over the instances."""
     base = base or EngineConfig()
     storage = (prefix_storage or "none").lower()
     if storage not in ("none", "cpu", "cxl"):
@@ -171,10 +139,11 @@ def build_reference_cluster(
     if storage == "cxl" and cluster.cxl_mem is None:
         raise ConfigError("prefix_storage='CXL' needs a cxl_mem block in the cluster config")
     mc = Path(model_configs) if model_configs else None
-    pools = SharedTierPools()
+    bundle = BundleSource(root=str(profiles_root),
+                          generate="fallback" if roofline_fallback else "never")
     notes: list[str] = []
     all_insts = cluster.instances
-    out: list[EngineInstance] = []
+    out: list[InstancePlan] = []
     index = 0
     for node_id, node in enumerate(cluster.nodes):
         if node.power is not None:
@@ -192,39 +161,12 @@ def build_reference_cluster(
             cfg = _engine_config(inst, model, base, layout, f"nodes[{node_id}].instances[{k}]")
             if "dtype" in inst.overrides:
                 model = replace(model, dtype=inst.overrides["dtype"])
-            placement: WeightPlacement | None = placement_for_instance(
-                inst.placement, cluster, node_id, model, tp=layout.tp
-            )
-            bundle, note = _bundle_for(profiles_root, hw, model, layout.tp, cfg.kv_cache_dtype,
-                                       roofline_fallback)
-            if note:
-                notes.append(f"{name}: {note}")
-            latency: Any = latency_for_instance(
-                bundle,
-                model,
-                tp=layout.tp,
-                pp=layout.pp,
-                ep=layout.ep,
-                dp=layout.dp,
-                link_bw_gbs=cluster.link_bw,
-                link_latency_ns=cluster.link_latency,
-                hardware=hw,
-                local_mem_bw_gbs=float(inst.npu_mem.mem_bw),
-                host_mem_bw_gbs=float(node.cpu_mem.mem_bw),
-                kv_cache_dtype=cfg.kv_cache_dtype,
-                pd=inst.pd_type == "prefill",
-            )
-            if placement is not None and placement.streams:
-                latency = placement.wrap(latency)
-                notes.append(f"{name}: {placement.describe()}")
-            tiers: list[KVTierPool] = []
+            tiers: tuple[TierPlan, ...] = ()
             if storage != "none":
                 if not cfg.enable_prefix_caching:
                     raise ConfigError(
                         f"{name}: prefix_storage={prefix_storage} needs prefix caching on"
                     )
-                cap = kv_capacity(model, hw, cfg)
-                bpt = cap.bytes_per_block // cfg.block_size * layout.tp * layout.pp
                 if storage == "cpu":
                     mem = node.cpu_mem
                     tier = MemoryTier(TierKind.HOST_DRAM, float(mem.mem_bw), float(mem.mem_latency))
@@ -234,46 +176,47 @@ def build_reference_cluster(
                     assert mem is not None
                     tier = MemoryTier(TierKind.CXL, float(mem.mem_bw), float(mem.mem_latency))
                     scope = ("cxl", 0) if prefix_sharing else ("cxl-private", index)
-                tiers.append(
-                    pools.get(
-                        scope,
-                        tier,
-                        capacity_bytes=int(float(mem.mem_size) * 2**30),
-                        chunk_tokens=chunk_tokens_for(cfg.block_size),
-                        kv_bytes_per_token=bpt,
-                    )
-                )
+                tiers = (TierPlan(scope, tier, int(float(mem.mem_size) * 2**30)),)
             if inst.dp_group is not None and not (reference_dp or model.is_moe):
                 note = (f"dp_group {inst.dp_group!r}: {model.name} is dense; vLLM runs its DP ranks "
                         "as independent engines (no lock-step)")
                 if note not in notes:
                     notes.append(note)
-            role = {None: "colocated", "prefill": "prefill", "decode": "decode"}[inst.pd_type]
-            out.append(
-                EngineInstance(
-                    name,
-                    model,
-                    hw,
-                    cfg,
-                    latency,
-                    role=role,
-                    # vLLM runs non-MoE DP ranks as independent engines (EngineCoreProc, not
-                    # DPEngineCoreProc): no lock-step, no dummy batches. The reference does not.
-                    dp_group=inst.dp_group if reference_dp or model.is_moe else None,
-                    tiers=tiers,
-                    recall_requesters=layout.tp * layout.pp,
-                )
-            )
+            out.append(InstancePlan(
+                name,
+                model,
+                hw,
+                cfg,
+                bundle,
+                Links(bw_gbs=tuple(cluster.link_bw), latency_ns=tuple(cluster.link_latency),
+                      local_mem_bw_gbs=float(inst.npu_mem.mem_bw),
+                      host_mem_bw_gbs=float(node.cpu_mem.mem_bw)),
+                role={None: "colocated", "prefill": "prefill", "decode": "decode"}[inst.pd_type],
+                # vLLM runs non-MoE DP ranks as independent engines (EngineCoreProc, not
+                # DPEngineCoreProc): no lock-step, no dummy batches. The reference does not.
+                dp_group=inst.dp_group if reference_dp or model.is_moe else None,
+                dp_size=layout.dp,
+                tiers=tiers,
+                placement=placement_for_instance(inst.placement, cluster, node_id, model,
+                                                 tp=layout.tp),
+            ))
             index += 1
-    return ClusterBuild(
-        instances=out,
-        kv_transfer_ns=cluster_kv_transfer(streamed=streamed_pd),
-        dp_pad=pad_dp_group if reference_dp else VllmDpPad(
-            cudagraph_max_tokens(base.max_num_seqs, base.max_num_batched_tokens)),
-        pools=pools,
-        notes=notes,
+    return DeploymentPlan(
+        tuple(out),
+        router=router,
+        comm_backend=comm_backend or CommBackend(),
+        pd_streamed=streamed_pd,
+        dp_padding="reference" if reference_dp else "vllm",
+        notes=tuple(notes),
     )
 
 
-def load_reference_cluster(path: str | Path, profiles_root: str | Path, **kwargs: Any) -> ClusterBuild:
+def build_reference_cluster(cluster: ClusterSpec, profiles_root: str | Path,
+                            **kwargs: Any) -> Deployment:
+    """The assembled deployment of a reference cluster config (``reference_plan``'s keyword
+    arguments)."""
+    return assemble(reference_plan(cluster, profiles_root, **kwargs))
+
+
+def load_reference_cluster(path: str | Path, profiles_root: str | Path, **kwargs: Any) -> Deployment:
     return build_reference_cluster(load_cluster_config(path), profiles_root, **kwargs)

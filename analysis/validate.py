@@ -24,7 +24,8 @@ from typing import Any
 
 from analysis.groundtruth import GroundTruth, RecordedEngine, load_groundtruth, recorded_engine
 from analysis.metrics import VALIDATION_METRICS, compare, compute_metrics, format_comparison
-from analysis.scenario import ClusterBuild, build_reference_cluster
+from analysis.scenario import build_reference_cluster
+from engine.deployment import Deployment
 from engine.memory import kv_capacity
 from engine.results import SimulationResult
 from engine.simulate import simulate_cluster
@@ -43,7 +44,7 @@ class ValidationRun:
     result: SimulationResult
 
 
-def _check_parallelism(gt: GroundTruth, recorded: RecordedEngine, build: ClusterBuild) -> None:
+def _check_parallelism(gt: GroundTruth, recorded: RecordedEngine, build: Deployment) -> None:
     """The cluster file and vLLM's engine kwargs must describe the same deployment."""
     n = len(build.instances)
     tp = {i.config.tensor_parallel_size for i in build.instances}

@@ -3,9 +3,11 @@
 * :class:`NetworkModel` prices collectives (all-reduce, all-gather, reduce-scatter, all-to-all)
   and point-to-point sends on a multi-dimensional topology, reproducing ASTRA-Sim's analytical
   congestion-unaware backend to the nanosecond (:mod:`astra_bridge.collectives`).
-* :class:`MemoryModel` prices transfers between memory tiers (NPU HBM, host DRAM, CXL) as the
-  reference simulator's analytical memory model (:mod:`astra_bridge.memory`).
-* :class:`BinaryBackend` runs a user-supplied ASTRA-Sim binary instead (:mod:`astra_bridge.binary`).
+* :class:`MemoryTier` prices one access to a memory tier (NPU HBM, host DRAM, CXL) as the
+  reference simulator's analytical memory model (:mod:`astra_bridge.memory`); the engine's
+  prefix-cache tiers call it.
+* :class:`BinaryBackend` runs a user-supplied ASTRA-Sim binary instead (:mod:`astra_bridge.binary`);
+  :class:`CommBackend` is a deployment's choice between the two (:mod:`astra_bridge.backend`).
 
 This package imports neither Ray, Hydra nor MLflow.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from astra_bridge.backend import COMM_BACKENDS, CommBackend, Network
 from astra_bridge.binary import BinaryBackend, BinaryBackendError
 from astra_bridge.collectives import (
     COLLECTIVES,
@@ -23,13 +26,7 @@ from astra_bridge.collectives import (
     collective_time,
     p2p_ns,
 )
-from astra_bridge.memory import (
-    MemoryModel,
-    MemoryPort,
-    MemoryTier,
-    TierKind,
-    load_memory_config,
-)
+from astra_bridge.memory import MemoryTier, TierKind
 from astra_bridge.topology import (
     Dimension,
     DimKind,
@@ -42,20 +39,20 @@ from engine.specs import ConfigError, HardwareSpec
 
 __all__ = [
     "COLLECTIVES",
+    "COMM_BACKENDS",
     "BinaryBackend",
     "BinaryBackendError",
     "CollectiveTime",
+    "CommBackend",
     "DimKind",
     "Dimension",
-    "MemoryModel",
-    "MemoryPort",
     "MemoryTier",
+    "Network",
     "NetworkModel",
     "SystemConfig",
     "TierKind",
     "Topology",
     "UnsupportedCollective",
-    "load_memory_config",
     "load_network_config",
     "load_system_config",
 ]

@@ -6,7 +6,10 @@ directory: the network ``.yml``, the ``system.json``, a memory config, and one C
 NPU holding the single node; runs the binary with every NPU as its own start NPU; answers each
 ``Waiting`` prompt with ``done`` until every NPU has reported
 ``sys[<i>] iteration <k> finished, <T> cycles``, then ``exit``; and returns the largest ``T``
-(cycles are ns). Results are cached per shape.
+(cycles are ns). Results are cached per collective shape (operation, bytes, involved
+dimensions; for a send: bytes, source, destination), so a simulation runs the binary once per
+distinct shape. A deployment selects this backend with ``comm_backend: astra_sim`` and
+``astra_sim_binary: <path>`` (:mod:`astra_bridge.backend`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from astra_bridge.chakra_et import (
@@ -52,6 +55,26 @@ class BinaryBackendError(ConfigError):
     """The ASTRA-Sim binary is missing, failed, or printed no completion time."""
 
 
+def resolve_binary(binary: str | Path) -> Path:
+    """The executable at ``binary`` (a path, or a name on ``PATH``); :class:`BinaryBackendError`
+    when it is missing or not executable."""
+    path = Path(binary).expanduser()
+    if not path.is_file():
+        found = shutil.which(str(binary))
+        if found is None:
+            raise BinaryBackendError(
+                f"ASTRA-Sim binary not found at {binary!s}; build "
+                "AstraSim_Analytical_Congestion_Unaware and pass its path, or use the "
+                "analytical NetworkModel"
+            )
+        path = Path(found)
+    if not os.access(path, os.X_OK):
+        raise BinaryBackendError(
+            f"ASTRA-Sim binary {path} is not executable; chmod +x it or pass the right file"
+        )
+    return path
+
+
 def parse_finish_times(stdout: str) -> dict[int, int]:
     """``{npu: cycles}`` from the ``sys[i] iteration k finished, T cycles`` lines (last wins)."""
     return {int(m.group(1)): int(m.group(2)) for m in FINISHED_RE.finditer(stdout)}
@@ -72,21 +95,7 @@ class BinaryBackend:
         timeout_s: float = 120.0,
         keep_files: bool = False,
     ) -> None:
-        path = Path(binary).expanduser()
-        if not path.is_file():
-            found = shutil.which(str(binary))
-            if found is None:
-                raise BinaryBackendError(
-                    f"ASTRA-Sim binary not found at {binary!s}; build "
-                    "AstraSim_Analytical_Congestion_Unaware and pass its path, or use the "
-                    "analytical NetworkModel"
-                )
-            path = Path(found)
-        if not os.access(path, os.X_OK):
-            raise BinaryBackendError(
-                f"ASTRA-Sim binary {path} is not executable; chmod +x it or pass the right file"
-            )
-        self.binary = path
+        self.binary = resolve_binary(binary)
         self.topology = topology
         self.system = system
         self.memory_config = dict(memory_config or DEFAULT_MEMORY_CONFIG)
@@ -204,12 +213,24 @@ class BinaryBackend:
         self._cache[key] = result
         return result
 
-    def collective_ns(self, op: str, nbytes: int) -> int:
-        """Completion time (ns, max over NPUs) of one collective over all dimensions."""
+    def collective_ns(
+        self, op: str, nbytes: int, *, involved_dims: Sequence[bool] | None = None
+    ) -> int:
+        """Completion time (ns, max over NPUs) of one collective over the ``involved_dims`` of
+        the topology (one flag per dimension; None: all dimensions), as
+        :meth:`astra_bridge.NetworkModel.collective_ns` takes them."""
         op = parse_collective(op)
-        node = collective_node(op, nbytes, self.node_types)
+        n = len(self.topology.dims)
+        flags = (True,) * n if involved_dims is None else tuple(bool(f) for f in involved_dims)
+        if len(flags) != n:
+            raise ConfigError(
+                f"involved_dims {list(flags)}: the topology has {n} dimensions; give one flag each"
+            )
+        if not any(flags):
+            raise ConfigError("involved_dims: no dimension takes part; set at least one flag")
+        node = collective_node(op, nbytes, self.node_types, flags)
         per_npu = {i: [node] for i in range(self.topology.num_npus)}
-        return self._run(("coll", op, nbytes), per_npu)
+        return self._run(("coll", op, nbytes, flags), per_npu)
 
     def p2p_ns(self, nbytes: int, src: int, dst: int) -> int:
         """Completion time (ns) of a send from NPU ``src`` to NPU ``dst``."""

@@ -4,7 +4,10 @@ An ``.et`` file is a stream of protobuf messages, each preceded by its length as
 ``GlobalMetadata`` record, then ``Node`` records. Only what a lone collective or send/recv needs is
 encoded here (no protobuf dependency): node ``id`` (field 1), ``name`` (2), ``type`` (3) and
 attributes (10); attributes carry ``name`` (1) and one value: ``int32_val`` (7), ``int64_val``
-(9) or ``bool_val`` (27).
+(9), ``bool_val`` (27) or ``bool_list`` (28, a ``BoolList`` whose ``values`` are field 1,
+packed), as Chakra's ``schema/protobuf/et_def.proto`` numbers them. A collective over some of
+the topology's dimensions carries ASTRA-Sim's ``involved_dim`` attribute (a bool list, one per
+dimension; the workload layer's ``issue_comm`` reads it, all dimensions when absent).
 
 Node type numbers follow the LLMServingSim fork of Chakra, which inserts ``PIM_COMP_NODE = 4``
 (so ``COMP_NODE = 5``, ``COMM_SEND_NODE = 6``, ``COMM_RECV_NODE = 7``, ``COMM_COLL_NODE = 8``);
@@ -56,12 +59,18 @@ class Attr:
     """One node attribute: ``kind`` is ``int32``, ``int64`` or ``bool``."""
 
     name: str
-    value: int | bool
+    value: int | bool | tuple[bool, ...]
     kind: str = "int64"
 
     def encode(self) -> bytes:
+        name = _len_field(1, self.name.encode())
+        if self.kind == "bool_list":
+            assert isinstance(self.value, tuple)
+            packed = b"".join(_varint(int(bool(v))) for v in self.value)
+            return name + _len_field(28, _len_field(1, packed))
         field_no = {"int32": 7, "int64": 9, "bool": 27}[self.kind]
-        return _len_field(1, self.name.encode()) + _int_field(field_no, int(self.value))
+        assert not isinstance(self.value, tuple)
+        return name + _int_field(field_no, int(self.value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,18 +136,22 @@ def parse_fields(message: bytes) -> list[tuple[int, int | bytes]]:
     return out
 
 
-def collective_node(op: str, nbytes: int, types: Mapping[str, int] = FORK_NODE_TYPES) -> EtNode:
-    """A GPU collective node of ``nbytes`` over all dimensions."""
-    return EtNode(
-        0,
-        op.upper().replace("-", "_"),
-        types["COLL"],
-        (
-            Attr("is_cpu_op", False, "bool"),
-            Attr("comm_type", COMM_TYPE_IDS[op], "int64"),
-            Attr("comm_size", nbytes, "int64"),
-        ),
-    )
+def collective_node(
+    op: str,
+    nbytes: int,
+    types: Mapping[str, int] = FORK_NODE_TYPES,
+    involved_dims: tuple[bool, ...] | None = None,
+) -> EtNode:
+    """A GPU collective node of ``nbytes`` over the ``involved_dims`` of the topology (all
+    dimensions when None or all true: then no ``involved_dim`` attribute is written)."""
+    attrs = [
+        Attr("is_cpu_op", False, "bool"),
+        Attr("comm_type", COMM_TYPE_IDS[op], "int64"),
+        Attr("comm_size", nbytes, "int64"),
+    ]
+    if involved_dims is not None and not all(involved_dims):
+        attrs.append(Attr("involved_dim", tuple(bool(f) for f in involved_dims), "bool_list"))
+    return EtNode(0, op.upper().replace("-", "_"), types["COLL"], tuple(attrs))
 
 
 def p2p_node(

@@ -44,20 +44,18 @@ import analysis.validate as V  # noqa: E402
 from analysis.groundtruth import load_cluster_config  # noqa: E402
 from engine import simulate  # noqa: E402
 from engine.batch import BatchShape  # noqa: E402
-from engine.simulate import InstanceSpec, simulate_cluster  # noqa: E402
+from engine.deployment import InstanceSpec  # noqa: E402
+from engine.memory import kv_capacity  # noqa: E402
+from engine.simulate import simulate_cluster  # noqa: E402
 from engine.specs import EngineConfig, ModelSpec  # noqa: E402
+from profiles.architecture import load_architecture  # noqa: E402
 from profiles.bundle import load_bundle  # noqa: E402
 from profiles.catalog import load_hardware, model_from_hf_config  # noqa: E402
 from profiles.latency import ProfiledLatencyModel  # noqa: E402
-from profiles.parallel import (  # noqa: E402
-    ParallelLatencyModel,
-    ParallelLayout,
-    build_network,
-    cluster_kv_transfer,
-    latency_for_instance,
-    layout_for_instance,
-    pad_dp_group,
-)
+from profiles.parallel.dp_pad import pad_dp_group  # noqa: E402
+from profiles.parallel.latency import ParallelLatencyModel, latency_for_instance  # noqa: E402
+from profiles.parallel.layout import ParallelLayout, build_network, layout_for_instance  # noqa: E402
+from profiles.parallel.pd_transfer import ClusterKvTransfer, pd_handoff  # noqa: E402
 from workloads import read_jsonl  # noqa: E402
 
 HW = "RTXPRO6000"
@@ -124,7 +122,7 @@ def scenario_rows(data: Path) -> list[ScenarioRow]:
             lss(data) / "profiles", spec, tp=lay.tp, pp=lay.pp, ep=lay.ep, dp=lay.dp,
             link_bw_gbs=cluster.link_bw, link_latency_ns=cluster.link_latency,
             hardware=inst.hardware, local_mem_bw_gbs=inst.npu_mem.mem_bw,
-            host_mem_bw_gbs=cluster.nodes[0].cpu_mem.mem_bw, pd=inst.pd_type == "prefill",
+            host_mem_bw_gbs=cluster.nodes[0].cpu_mem.mem_bw,
         )
         if lay.dp > 1:
             r1 = m.dp_member_ns(pad_dp_group([PREFILL10, None] + [None] * (lay.dp - 2)))
@@ -133,7 +131,8 @@ def scenario_rows(data: Path) -> list[ScenarioRow]:
         else:
             ttft, itl0 = m.iteration_ns(PREFILL10), m.iteration_ns(DECODE10)
         if inst.pd_type == "prefill":
-            ttft += m.pd_prefill_extra_ns(PREFILL10)
+            handoff = pd_handoff(m, cluster.link_bw, cluster.link_latency, inst.npu_mem.mem_bw)
+            ttft += handoff.pd_prefill_extra_ns(PREFILL10)
         path = lss(data) / "reference_outputs" / f"example_{key}_run.csv"
         with path.open(newline="") as fh:
             r0 = next(r for r in csv.DictReader(fh) if r["request id"] == "0")
@@ -145,7 +144,7 @@ def pd_scenario_end(data: Path, streamed: bool = True) -> tuple[int, int]:
     """(reference, ours) last finish of the P/D scenario (``single_node_pd_instance``,
     example trace, 10 requests) with the reference clock and the KV hand-off priced here."""
     cluster = load_cluster_config(lss(data) / "configs" / "cluster" / "single_node_pd_instance.json")
-    insts = []
+    insts, handoffs = [], {}
     for k, inst in enumerate(cluster.instances):
         spec = model_spec(data, inst.model_name)
         lay = layout_for_instance(inst, cluster.instances, spec)
@@ -153,12 +152,16 @@ def pd_scenario_end(data: Path, streamed: bool = True) -> tuple[int, int]:
         lat = latency_for_instance(
             lss(data) / "profiles", spec, tp=lay.tp, link_bw_gbs=cluster.link_bw,
             link_latency_ns=cluster.link_latency, hardware=hw,
-            host_mem_bw_gbs=cluster.nodes[0].cpu_mem.mem_bw, pd=inst.pd_type == "prefill")
+            host_mem_bw_gbs=cluster.nodes[0].cpu_mem.mem_bw)
+        if inst.pd_type == "prefill":
+            handoffs[f"i{k}"] = pd_handoff(lat, cluster.link_bw, cluster.link_latency,
+                                           hw.hbm_bw_gbs)
         cfg = EngineConfig(async_scheduling=False, step_overhead_us=0.0)
-        insts.append(InstanceSpec(f"i{k}", spec, hw, cfg, lat, role=inst.pd_type))
+        insts.append(InstanceSpec(f"i{k}", spec, hw, cfg, lat, kv_capacity(spec, hw, cfg),
+                                  role=inst.pd_type))
     workload = read_jsonl(lss(data) / "workloads" / "example_trace.jsonl", limit=10)
     res = simulate_cluster(insts, workload, router="round_robin",
-                           kv_transfer_ns=cluster_kv_transfer(streamed=streamed))
+                           kv_transfer_ns=ClusterKvTransfer(handoffs, streamed=streamed))
     with (lss(data) / "reference_outputs" / "example_pd_run.csv").open(newline="") as fh:
         ref = max(int(r["end_time"]) for r in csv.DictReader(fh))
     return ref, int(res.requests.finish_ns.max())
@@ -172,9 +175,14 @@ def dp_ep_pair_ns(tokens: int) -> int:
                      num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
     lay = ParallelLayout(tp=1, ep=2, dp=2)
 
-    class _NoCompute:
+    class _NoCompute:  # only the collectives are priced
+        arch = load_architecture(spec.model_type)
+
         def iteration_ns(self, shape: BatchShape) -> int:
             return 0
+
+        def breakdown(self, shape: BatchShape) -> dict[str, int]:
+            return {}
 
     m = ParallelLatencyModel(_NoCompute(), spec, lay, build_network(lay, 16, 20000, 1597))
     return m.ep_collectives_ns(tokens)
@@ -287,7 +295,7 @@ def speed(data: Path, repeat: int) -> list[tuple[str, float, int]]:
     def run_dp():
         insts = [InstanceSpec(f"dp{k}", spec, hw, cfg,
                               latency_for_instance(bundle, spec, tp=1, ep=2, dp=2, hardware=hw),
-                              dp_group="A") for k in range(2)]
+                              kv_capacity(spec, hw, cfg), dp_group="A") for k in range(2)]
         return simulate_cluster(insts, workload, router="round_robin", dp_pad=pad_dp_group)
 
     wall, steps = _timed(run_dp, repeat)

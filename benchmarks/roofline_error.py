@@ -32,8 +32,8 @@ from profiles.bundle import clear_bundle_cache, load_bundle
 from profiles.catalog import load_hardware, load_model
 from profiles.latency import ProfiledLatencyModel
 from profiles.roofline import generate_bundle
-from profiles.roofline_check import ErrorRow, table_errors
-from profiles.roofline_fit import MEASURED, default_data_dir, measured_tps, measured_variant_dir
+from profiles.roofline.check import ErrorRow, table_errors
+from profiles.roofline.fit import MEASURED, default_data_dir, measured_tps, measured_variant_dir
 
 BEGIN, END = "<!-- roofline_error:begin -->", "<!-- roofline_error:end -->"
 #: Representative steps: (label, BatchShape).

@@ -1,20 +1,24 @@
 """servesweep's serving-engine simulator: a plain library (no Ray, Hydra or MLflow).
 
-Entry point: :func:`engine.simulate`.
+Entry points: :func:`engine.simulate` (one instance), :func:`engine.simulate_deployment` (a
+:class:`engine.Deployment` of instances; ``engine.deployment`` says what it holds).
 """
 
 from engine.batch import BatchShape, LatencyModel
+from engine.deployment import Deployment, InstanceSpec
 from engine.memory import KVCapacity, kv_capacity
 from engine.results import SimulationResult
-from engine.simulate import simulate
+from engine.simulate import simulate, simulate_deployment
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from engine.workload import RequestSpec
 
 __all__ = [
     "BatchShape",
     "ConfigError",
+    "Deployment",
     "EngineConfig",
     "HardwareSpec",
+    "InstanceSpec",
     "KVCapacity",
     "LatencyModel",
     "ModelSpec",
@@ -22,4 +26,5 @@ __all__ = [
     "SimulationResult",
     "kv_capacity",
     "simulate",
+    "simulate_deployment",
 ]

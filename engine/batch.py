@@ -27,8 +27,16 @@ class BatchShape(NamedTuple):
 
 
 class LatencyModel(Protocol):
-    """Prices one engine step. Implemented by ``profiles`` (measured or roofline bundles)."""
+    """Prices one engine step: every method the engine calls. Implemented by ``profiles``
+    (measured or roofline bundles, with collectives: ``profiles.parallel.latency``)."""
 
     def iteration_ns(self, shape: BatchShape) -> int:
-        """Wall time of one forward step of this batch, integer nanoseconds."""
+        """Wall time of one forward step of this batch through every pipeline stage: when its
+        tokens are produced, integer nanoseconds."""
+        ...
+
+    def stage_ns(self, shape: BatchShape) -> int:
+        """How long after this step starts the next one may start: the busiest pipeline
+        stage's time (pipelined steps overlap), integer nanoseconds. Equal to
+        :meth:`iteration_ns` without pipeline parallelism."""
         ...

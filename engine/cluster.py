@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.deployment import KvTransfer
 from engine.instance import EngineUnit, Member
 from engine.request import Request, RequestStatus
 from engine.specs import ConfigError
 
 ROUTER_POLICIES = ("round_robin", "least_loaded", "random", "prefix_aware")
-
-KvTransfer = Callable[[Member, Member, int], int]
 
 
 class Router:
@@ -146,7 +145,7 @@ def run_cluster(
             req.status = RequestStatus.WAITING
             dst = router.pick("decode", decode, req)
             assert kv_transfer_ns is not None
-            when = t + int(kv_transfer_ns(m, dst, req.num_computed_tokens))
+            when = t + int(kv_transfer_ns(m.name, dst.name, req.num_computed_tokens))
             seq += 1
             heapq.heappush(deliveries, (when, seq, member_index[id(dst)], req))
             return

@@ -12,8 +12,8 @@ schedule of step k+2, and blocks freed by step k become visible to step k+2. Wit
 ``async_scheduling=False`` the engine schedules, executes and processes each step in turn.
 
 Pipeline parallelism: up to ``pp`` batches are in flight (the batch queue is at least ``pp``
-deep); a new batch enters the first stage when the previous one leaves it
-(``latency.stage_ns``), and completes after ``latency.iteration_ns``.
+deep); a new batch starts ``latency.stage_ns`` after the previous one (its busiest stage's
+time), and completes after ``latency.iteration_ns``.
 
 Data parallelism (vLLM DP): the members of a group step together; an idle member runs a dummy
 batch, the batches are padded as ``dp_pad`` says, and the group's step lasts as long as its
@@ -26,12 +26,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.batch import BatchShape, LatencyModel
+from engine.batch import LatencyModel
+from engine.deployment import DpPad
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.scheduler import ScheduledStep, Scheduler
-
-DpPad = Callable[[list[BatchShape | None]], list[BatchShape]]
 
 
 class StepLog:
@@ -124,13 +123,13 @@ class EngineUnit:
         return c * (h - t_gpu) // h if t_gpu < h else 0
 
     def _duration(self, steps: list[ScheduledStep]) -> tuple[int, int]:
-        """(iteration ns, first-stage occupancy ns) of a launch."""
+        """(iteration ns, ns until the next launch may start) of a launch."""
         if len(steps) == 1:
             step = steps[0]
             assert step.shape is not None
             lat = self.members[0].latency
             it = int(lat.iteration_ns(step.shape))
-            stage = int(lat.stage_ns(step.shape)) if self.pp > 1 else it  # type: ignore[attr-defined]
+            stage = int(lat.stage_ns(step.shape)) if self.pp > 1 else it
             extra = self._overhead(it) + step.extra_ns
             return it + extra, stage + extra
         shapes = [s.shape for s in steps]
@@ -140,7 +139,7 @@ class EngineUnit:
             if shape is None:
                 continue
             t_it = int(m.latency.iteration_ns(shape)) + step.extra_ns
-            t_st = int(m.latency.stage_ns(shape)) + step.extra_ns if self.pp > 1 else t_it  # type: ignore[attr-defined]
+            t_st = int(m.latency.stage_ns(shape)) + step.extra_ns if self.pp > 1 else t_it
             it, stage = max(it, t_it), max(stage, t_st)
         extra = self._overhead(it)
         return it + extra, stage + extra

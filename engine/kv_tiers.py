@@ -23,8 +23,7 @@ synchronously inside the admitting step as LMCache's adapter does):
   before the last-token cap, times the full-instance KV bytes per token) are charged on the
   admitting step's critical path: per tier and step, one access of the step's summed bytes on the
   tier's :class:`astra_bridge.memory.MemoryTier` (``latency + bytes/bandwidth``), times the number
-  of NPUs loading it when the device serialises (host DRAM, CXL), as
-  :meth:`astra_bridge.memory.MemoryModel.concurrent_load_ns` prices it.
+  of NPUs loading it when the device serialises (host DRAM, CXL; :meth:`KVTierPool.load_ns`).
 * **Eviction.** Capacity is ``floor(capacity_bytes / bytes_per_chunk)`` chunks. Policy ``"lru"``
   (vLLM's default): every lookup touches the request's resident chunk keys, last chunk first so
   the prefix chunk ends most recent, and storing a resident key touches it; a full tier evicts the

@@ -41,10 +41,12 @@ def dtype_bytes(name: str, field: str = "dtype") -> int:
         ) from None
 
 
-def kv_dtype_bytes(model: ModelSpec, config: EngineConfig) -> int:
-    if config.kv_cache_dtype in ("auto", "", None):
+def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str | None) -> int:
+    """Bytes per element of the KV cache: the model's dtype for ``"auto"``, else the KV dtype
+    (vLLM ``CacheConfig.cache_dtype``)."""
+    if kv_cache_dtype in ("auto", "", None):
         return dtype_bytes(model.dtype, "model.dtype")
-    return dtype_bytes(config.kv_cache_dtype, "kv_cache_dtype")
+    return dtype_bytes(kv_cache_dtype, "kv_cache_dtype")
 
 
 def weight_bytes_per_rank(model: ModelSpec, tp: int = 1, ep: int = 1, pp: int = 1) -> int:
@@ -84,10 +86,17 @@ class KVCapacity:
     bytes_per_block: int  # per rank, all layers of the rank
     weight_bytes: int  # per rank
     formula_num_blocks: int  # what the formula gives (== num_blocks unless overridden)
+    num_ranks: int = 1  # GPUs of the instance holding a share of its KV: tp x pp
 
     @property
     def tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token for the whole instance (every rank's shard, all layers): what a
+        prefix-cache tier below the NPU stores per token. The one definition of it."""
+        return self.bytes_per_block // self.block_size * self.num_ranks
 
     @property
     def gib_per_rank(self) -> float:
@@ -107,7 +116,7 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) 
     tp = config.tensor_parallel_size
     pp = config.pipeline_parallel_size
     ep = config.expert_parallel_size
-    kv_bytes = kv_dtype_bytes(model, config)
+    kv_bytes = kv_dtype_bytes(model, config.kv_cache_dtype)
     kv_heads_rank = max(1, model.num_kv_heads // tp)
     page = 2 * config.block_size * kv_heads_rank * model.head_dim * kv_bytes
     # The rank holding the most layers bounds the block count (vLLM takes the minimum over
@@ -137,4 +146,5 @@ def kv_capacity(model: ModelSpec, hardware: HardwareSpec, config: EngineConfig) 
         bytes_per_block=bytes_per_block,
         weight_bytes=weights,
         formula_num_blocks=int(max(formula_blocks, 0)),
+        num_ranks=tp * pp,
     )

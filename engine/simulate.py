@@ -5,38 +5,18 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from engine.batch import LatencyModel
-from engine.cluster import KvTransfer, Router, run_cluster
-from engine.instance import DpPad, EngineUnit, Member
+from engine.cluster import Router, run_cluster
+from engine.deployment import Deployment, DpPad, InstanceSpec, KvTransfer
+from engine.instance import EngineUnit, Member
 from engine.kv_cache import KVCacheManager, PrefixCacheStats
-from engine.kv_tiers import KVTierPool
 from engine.memory import KVCapacity, kv_capacity
 from engine.request import Request
 from engine.results import SimulationResult, requests_frame, timeseries_frame
 from engine.scheduler import Scheduler
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from engine.workload import RequestSpec
-
-ROLES = ("colocated", "prefill", "decode")
-
-
-@dataclass(slots=True)
-class InstanceSpec:
-    """One serving instance of a cluster (one vLLM engine, or one rank of a DP group)."""
-
-    name: str
-    model: ModelSpec
-    hardware: HardwareSpec
-    config: EngineConfig
-    latency: LatencyModel
-    role: str = "colocated"
-    dp_group: str | None = None  # members of one group step in lock-step
-    # Prefix-cache tiers below the NPU, in lookup order (pools may be shared by instances).
-    tiers: Sequence[KVTierPool] = ()
-    # NPUs that each load a lower-tier recall (the reference bills every NPU: tp·pp).
-    recall_requesters: int = 1
 
 
 def _check_workload(workload: Sequence[RequestSpec], max_model_len: int) -> None:
@@ -68,25 +48,16 @@ def _check_workload(workload: Sequence[RequestSpec], max_model_len: int) -> None
 
 
 def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
-    if spec.role not in ROLES:
-        raise ConfigError(f"instance {spec.name!r}: role={spec.role!r}; use one of {ROLES}")
     config = spec.config
-    pp = config.pipeline_parallel_size
-    if pp > 1 and not hasattr(spec.latency, "stage_ns"):
-        raise ConfigError(
-            f"instance {spec.name!r}: pipeline_parallel_size={pp} needs a latency model with "
-            "stage_ns (profiles.parallel.ParallelLatencyModel)"
-        )
-    cap = kv_capacity(spec.model, spec.hardware, config)
-    max_model_len = config.max_model_len or spec.model.max_position_embeddings
+    cap = spec.capacity
+    max_model_len = config.model_len(spec.model)
     kv = KVCacheManager(
         cap.num_blocks,
         config.block_size,
         max_model_len,
         config.enable_prefix_caching,
         tiers=spec.tiers,
-        # Full-instance KV bytes per token (per-rank bytes x ranks), as the tiers store it.
-        kv_bytes_per_token=cap.bytes_per_block // config.block_size * config.tensor_parallel_size * pp,
+        kv_bytes_per_token=cap.kv_bytes_per_token,
         recall_requesters=spec.recall_requesters,
     )
     sched = Scheduler(
@@ -98,7 +69,7 @@ def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
         reserve_full_isl=config.reserve_full_isl,
         async_scheduling=config.async_scheduling,
         enable_chunked_prefill=config.enable_chunked_prefill,
-        pipeline_parallel=pp > 1,
+        pipeline_parallel=config.pipeline_parallel_size > 1,
     )
     return Member(spec.name, sched, spec.latency, spec.role), cap, max_model_len
 
@@ -114,7 +85,7 @@ def simulate_cluster(
 ) -> SimulationResult:
     """Simulate a cluster of instances serving ``workload``.
 
-    ``kv_transfer_ns(prefill_member, decode_member, tokens)`` prices the P/D hand-off;
+    ``kv_transfer_ns(prefill_name, decode_name, tokens)`` prices the P/D hand-off;
     ``dp_pad`` pads the batches of a DP group before pricing (vLLM runs dummy batches on idle
     ranks). Per-request results carry the ``instance`` that finished each request.
     """
@@ -214,6 +185,21 @@ def simulate_cluster(
     return result
 
 
+def simulate_deployment(
+    deployment: Deployment, workload: Sequence[RequestSpec], *, seed: int = 0
+) -> SimulationResult:
+    """Simulate ``deployment`` (its instances, router, P/D hand-off and DP padding) serving
+    ``workload``; ``seed`` drives the ``random`` router."""
+    return simulate_cluster(
+        deployment.instances,
+        workload,
+        router=deployment.router,
+        seed=seed,
+        kv_transfer_ns=deployment.kv_transfer_ns,
+        dp_pad=deployment.dp_pad,
+    )
+
+
 def simulate(
     model: ModelSpec,
     hardware: HardwareSpec,
@@ -225,8 +211,9 @@ def simulate(
 
     ``latency`` prices each step (``profiles.ProfiledLatencyModel`` or a roofline bundle);
     ``config.step_overhead_us`` / ``step_overhead_hidden_ms`` add the exposed host-side
-    cost of each step.
+    cost of each step. The KV capacity is ``engine.memory.kv_capacity`` of the three specs.
     """
+    cap = kv_capacity(model, hardware, config)
     return simulate_cluster(
-        [InstanceSpec("instance0", model, hardware, config, latency)], workload
+        [InstanceSpec("instance0", model, hardware, config, latency, cap)], workload
     )

@@ -13,7 +13,7 @@ from profiles.bundle import (
     load_bundle,
     variant_name,
 )
-from profiles.latency import ProfiledLatencyModel, load_profiled_model
+from profiles.latency import ProfiledLatencyModel
 
 __all__ = [
     "Architecture",
@@ -24,6 +24,5 @@ __all__ = [
     "clear_bundle_cache",
     "load_architecture",
     "load_bundle",
-    "load_profiled_model",
     "variant_name",
 ]

@@ -48,13 +48,12 @@ import logging
 import math
 from bisect import bisect_right
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from engine.batch import BatchShape
 from engine.memory import DTYPE_BYTES
-from engine.specs import ConfigError, EngineConfig, ModelSpec
+from engine.specs import ConfigError, ModelSpec
 from profiles.architecture import Architecture, load_architecture
 from profiles.bundle import (
     AttentionTable,
@@ -63,8 +62,6 @@ from profiles.bundle import (
     MoeTable,
     ProfileBundle,
     SkewTpEntry,
-    load_bundle,
-    variant_name,
 )
 
 log = logging.getLogger(__name__)
@@ -259,17 +256,6 @@ def balanced_routing(total_tokens: int, num_experts: int, top_k: int, ep: int) -
     return tokens, activated
 
 
-def pipeline_blocks(num_layers: int, pp: int) -> tuple[int, ...]:
-    """Transformer blocks per pipeline stage, vLLM's split: ``num_layers // pp`` each, and the
-    remainder one extra block each to the stages just before the last (32 over 3 -> 11, 11, 10).
-    """
-    per, rem = divmod(num_layers, pp)
-    blocks = [per] * pp
-    for i in range(rem):
-        blocks[pp - 2 - i] += 1  # rem < pp, so pp >= 2 here
-    return tuple(blocks)
-
-
 # ------------------------------------------------------------------------------------ the model
 
 
@@ -280,29 +266,26 @@ class ProfiledLatencyModel:
     (architecture facts), ``tp`` (tensor-parallel degree; the ``tp<N>`` tables hold per-rank
     times), ``ep`` (expert-parallel degree for MoE routing), ``host_mem_bw_gbs`` (host memory
     bandwidth for the I/O term, None to drop it), ``reference_quirks`` (see module docstring),
-    ``architecture`` (defaults to the shipped file for ``model.model_type``), ``pp`` (pipeline
-    stages, for :meth:`stage_times_ns` / :meth:`stage_ns`; blocks are split as vLLM does).
+    ``architecture`` (defaults to the shipped file for ``model.model_type``). It prices one
+    pipeline stage holding every layer; ``profiles.parallel.latency.ParallelLatencyModel`` cuts
+    a step into stages and adds the collectives.
     """
 
     def __init__(self, bundle: ProfileBundle, model: ModelSpec, tp: int = 1, *, ep: int = 1,
                  host_mem_bw_gbs: float | None = 256.0, reference_quirks: bool = True,
-                 architecture: Architecture | None = None, pp: int = 1) -> None:
+                 architecture: Architecture | None = None) -> None:
         if tp < 1:
             raise ConfigError(f"tp = {tp}: tensor-parallel degree must be >= 1")
         if ep < 1:
             raise ConfigError(f"ep = {ep}: expert-parallel degree must be >= 1")
         if model.num_layers < 1:
             raise ConfigError(f"model {model.name}: num_layers = {model.num_layers} must be >= 1")
-        if not 1 <= pp <= model.num_layers:
-            raise ConfigError(f"pp = {pp}: pipeline stages must be between 1 and num_layers = {model.num_layers}")
         if host_mem_bw_gbs is not None and not host_mem_bw_gbs > 0:
             raise ConfigError(f"host_mem_bw_gbs = {host_mem_bw_gbs}: must be > 0 (or None to drop host I/O)")
         self.bundle = bundle
         self.model = model
         self.tp = tp
         self.ep = ep
-        self.pp = pp
-        self.stage_blocks = pipeline_blocks(model.num_layers, pp)
         self.reference_quirks = reference_quirks
         self.arch = architecture or load_architecture(model.model_type)
         if self.arch.is_moe != model.is_moe:
@@ -340,7 +323,6 @@ class ProfiledLatencyModel:
         self._moe_cache: dict[int, int] = {}
         self._seq_cache: dict[int, int] = {}
         self._cache: dict[BatchShape, int] = {}
-        self._stage_cache: dict[BatchShape, int] = {}
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -511,40 +493,10 @@ class ProfiledLatencyModel:
         out["host_io"] = self.host_io_ns(shape)
         return out
 
-    def stage_times_ns(self, shape: BatchShape) -> list[int]:
-        """Compute time of each pipeline stage for this batch (sums to :meth:`iteration_ns`).
-
-        Stage 0 also runs the prologue and the host I/O load, the last stage the head; stage
-        i runs ``stage_blocks[i]`` transformer blocks. Send/receive between stages is not priced.
-        """
-        tok = max(shape.total_tokens, 1)
-        seq = max(shape.num_seqs, 1)
-
-        def rows(section) -> int:
-            return sum(n * curve_ns(c, seq if kind == "per_sequence" else tok)
-                       for _, kind, c, n in section)
-
-        block = rows(self._block) + self.attention_ns(shape) + self.moe_ns(shape)
-        times = [b * block for b in self.stage_blocks]
-        times[0] += rows(self._prologue) + self.host_io_ns(shape)
-        times[-1] += rows(self._head)
-        return times
-
     def stage_ns(self, shape: BatchShape) -> int:
-        """Time the batch occupies the first pipeline stage (memoised)."""
-        v = self._stage_cache.get(shape)
-        if v is None:
-            v = self.stage_times_ns(shape)[0]
-            if len(self._stage_cache) >= _MAX_CACHE:
-                self._stage_cache.clear()
-            self._stage_cache[shape] = v
-        return v
-
-    def check_engine(self, engine: EngineConfig) -> list[str]:
-        """Messages for engine limits beyond the profiled range (lookups there extrapolate
-        linearly from the top two grid points); the caller logs them (``sweep.job``: once
-        per point)."""
-        return self.bundle.beyond_profiled_range(engine.max_num_batched_tokens, engine.max_num_seqs)
+        """When the next step may start: one stage holds every layer, so the whole step
+        (``engine.batch.LatencyModel``)."""
+        return self.iteration_ns(shape)
 
     def cache_info(self) -> int:
         """Number of memoised shapes."""
@@ -553,19 +505,7 @@ class ProfiledLatencyModel:
     def clear_cache(self) -> None:
         """Forget every memoised value (shapes, per-token / MoE / per-sequence parts, attention)."""
         self._cache.clear()
-        self._stage_cache.clear()
         self._tok_cache.clear()
         self._moe_cache.clear()
         self._seq_cache.clear()
         self._attention._memo.clear()
-
-
-def load_profiled_model(root: str | Path, hardware: str, model: ModelSpec, tp: int = 1, *,
-                        kv_cache_dtype: str = "auto", **kwargs) -> ProfiledLatencyModel:
-    """Load ``<root>/<hardware>/<model.name>/<variant>`` and build the latency model.
-
-    The variant follows the reference naming rule from the model dtype and the KV-cache dtype
-    (``bf16``, ``bf16-kvfp8``, ...). ``kwargs`` go to :class:`ProfiledLatencyModel`.
-    """
-    bundle = load_bundle(root, hardware, model.name, variant_name(model.dtype, kv_cache_dtype))
-    return ProfiledLatencyModel(bundle, model, tp, **kwargs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from astra_bridge.memory import MemoryTier, TierKind
 from engine.batch import BatchShape, LatencyModel
@@ -75,7 +75,7 @@ class WeightPlacement:
         parts = ", ".join(f"{k}: {v / 1e9:.2f} GB" for k, v in sorted(per.items()))
         return f"weights streamed every step from {parts}"
 
-    def wrap(self, inner: LatencyModel) -> WeightStreamingLatency:
+    def wrap(self, inner: RowLatency) -> WeightStreamingLatency:
         return WeightStreamingLatency(inner, self)
 
 
@@ -137,14 +137,21 @@ def placement_for_instance(
     return WeightPlacement(tuple(segments), devices)
 
 
+class RowLatency(LatencyModel, Protocol):
+    """A step model that also splits the step by row (``ParallelLatencyModel``)."""
+
+    def breakdown(self, shape: BatchShape) -> dict[str, int]: ...
+
+
 class WeightStreamingLatency:
     """A step-latency model plus per-step streaming of the weights not held in HBM.
 
     Compute is split over the step's segments: the embedding, final norm and lm_head get their
-    share from ``inner.breakdown`` when available (else nothing), the rest is divided evenly
-    over the ``L`` blocks."""
+    share from ``inner.breakdown``, the rest is divided evenly over the ``L`` blocks. Under
+    pipeline parallelism the streaming delay of the step is added to the inner model's stage
+    time as well (:meth:`stage_ns`)."""
 
-    def __init__(self, inner: LatencyModel, placement: WeightPlacement) -> None:
+    def __init__(self, inner: RowLatency, placement: WeightPlacement) -> None:
         self.inner = inner
         self.placement = placement
         self._cache: dict[BatchShape, int] = {}
@@ -154,19 +161,14 @@ class WeightStreamingLatency:
             tier = placement.devices.get(loc)
             self._loads.append((loc, tier.access_ns(nbytes) if tier is not None else 0))
 
-    def __getattr__(self, name: str) -> Any:  # stage_ns, kv_transfer_ns, ... of the inner model
-        return getattr(self.inner, name)
-
     def _compute_split(self, shape: BatchShape, total: int) -> Sequence[int]:
         n = len(self._loads)
         L = n - 3
         parts = {"embedding": 0, "final_layernorm": 0, "lm_head": 0}
-        bd = getattr(self.inner, "breakdown", None)
-        if bd is not None:
-            b = bd(shape)
-            for k in parts:
-                parts[k] = int(b.get(k, 0))
-            parts["lm_head"] += int(b.get("sampler", 0))
+        b = self.inner.breakdown(shape)
+        for k in parts:
+            parts[k] = int(b.get(k, 0))
+        parts["lm_head"] += int(b.get("sampler", 0))
         rest = max(total - sum(parts.values()), 0)
         per_block = rest // L
         blocks = [per_block] * L
@@ -189,3 +191,8 @@ class WeightStreamingLatency:
             t = max(t, ready) + c
         v = self._cache[shape] = t
         return v
+
+    def stage_ns(self, shape: BatchShape) -> int:
+        """The inner model's stage time plus this step's streaming delay (the whole step
+        without pipeline parallelism)."""
+        return self.inner.stage_ns(shape) + self.iteration_ns(shape) - self.inner.iteration_ns(shape)

@@ -1,4 +1,4 @@
-"""A sweep point's ``cluster`` group as engine instances: replicas, TP/PP/DP/EP, P/D, KV tiers.
+"""A sweep point's ``cluster`` group as a deployment: replicas, TP/PP/DP/EP, P/D, KV tiers.
 
 Shape of one point (all counts per point):
 
@@ -7,52 +7,49 @@ Shape of one point (all counts per point):
   GPUs, or, with ``data_parallel_size`` = D > 1, D DP ranks of that size. For a MoE model the
   D ranks form one lock-step DP group (vLLM runs dummy batches on idle ranks, pads the
   batches to the group's largest when all run as CUDA graphs, and with EP each rank's experts
-  process every rank's tokens; ``profiles.parallel.VllmDpPad``); for a dense
+  process every rank's tokens; ``profiles.parallel.dp_pad.VllmDpPad``); for a dense
   model vLLM's DP ranks are independent engines, so they are D more replicas;
 - ``expert_parallel_size``: 1 (no EP) or tp × D, vLLM's ``enable_expert_parallel`` degree;
 - ``pd_disaggregation``: the first ``num_prefill_instances`` replicas are prefill instances,
   the rest decode instances; the KV hand-off is timed over the hardware's interconnect;
 - ``prefix_storage`` ``cpu`` / ``cxl``: a prefix-cache tier below the NPU (``cpu``: one host-DRAM
-  pool per replica; ``cxl``: one pool shared by all replicas).
+  pool per replica; ``cxl``: one pool shared by all replicas);
+- ``comm_backend``: ``analytical`` (the embedded model of ASTRA-Sim's analytical network, the
+  default) or ``astra_sim`` with ``astra_sim_binary`` the path of a built
+  ``AstraSim_Analytical_Congestion_Unaware`` (``astra_bridge.backend``).
 
-Step latency comes from ``profiles.parallel.latency_for_instance``: per-rank compute from the
-profile bundle plus TP all-reduces, EP collectives and PP sends over the hardware's
-interconnect (``interconnect_bw_gbs`` / ``interconnect_latency_ns`` of the catalog entry).
+:func:`point_plan` converts the point to the one deployment description
+(``profiles.deployment.DeploymentPlan``) and :func:`build_deployment` assembles it
+(``profiles.deployment.assemble``: KV capacity, bundle, step latency with the collectives over
+the hardware's interconnect, ``interconnect_bw_gbs`` / ``interconnect_latency_ns`` of the
+catalog entry). Errors name the ``cluster.`` / ``hardware.`` key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any
 
+from astra_bridge import CommBackend
 from astra_bridge.memory import MemoryTier, TierKind
-from engine.kv_tiers import KVTierPool, SharedTierPools, chunk_tokens_for
-from engine.memory import kv_capacity
-from engine.simulate import InstanceSpec
-from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
-from profiles.bundle import ProfileBundle
-from profiles.parallel import (
-    VllmDpPad,
-    cluster_kv_transfer,
-    cudagraph_max_tokens,
-    latency_for_instance,
+from engine.deployment import Deployment
+from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec, SettingError
+from profiles.catalog import load_hardware, load_model
+from profiles.deployment import (
+    BundleSource,
+    DeploymentPlan,
+    InstancePlan,
+    Links,
+    TierPlan,
+    assemble,
 )
+from sweep.settings import PREFIX, engine_config
 
 # Host DRAM and CXL defaults for the prefix tiers (GiB, GB/s, ns): a typical 2-socket server
 # and one CXL 2.0 memory expander.
 CPU_TIER = (512.0, 256.0, 0.0)
 CXL_TIER = (1024.0, 60.0, 250.0)
-
-
-@dataclass(slots=True)
-class PointCluster:
-    """Everything ``engine.simulate_cluster`` needs for one sweep point."""
-
-    instances: list[InstanceSpec]
-    router: str
-    kv_transfer_ns: Any
-    dp_pad: Any
-    num_gpus: int
+# A hardware entry without an interconnect bandwidth: PCIe 4.0 x16-class links (GB/s).
+DEFAULT_LINK_BW_GBS = 16.0
 
 
 def gpus_per_point(cl: Any) -> int:
@@ -64,23 +61,24 @@ def gpus_per_point(cl: Any) -> int:
     )
 
 
+def comm_backend(cl: Any) -> CommBackend:
+    """The point's collective backend; a bad value names ``cluster.comm_backend`` or
+    ``cluster.astra_sim_binary``."""
+    try:
+        return CommBackend(str(cl.comm_backend), cl.astra_sim_binary)
+    except SettingError as err:
+        raise err.named(PREFIX) from None
+
+
 def check_shape(cl: Any, model: ModelSpec) -> None:
-    """Validate the cluster shape against the model; one clear error naming the key."""
+    """Validate the deployment part of ``cluster`` against the model; one clear error naming
+    the key. The engine settings' own checks (PP vs layers, experts vs EP, ...) are
+    ``EngineConfig.check_model``'s (``sweep.settings.engine_config``)."""
     for key in ("num_instances", "pipeline_parallel_size", "data_parallel_size", "expert_parallel_size"):
         v = cl[key]
         if not isinstance(v, int) or v < 1:
             raise ConfigError(f"cluster.{key}={v!r} is not allowed; allowed: an integer >= 1")
-    tp, pp, dp, ep = (
-        cl.tensor_parallel_size,
-        cl.pipeline_parallel_size,
-        cl.data_parallel_size,
-        cl.expert_parallel_size,
-    )
-    if pp > model.num_layers:
-        raise ConfigError(
-            f"cluster.pipeline_parallel_size={pp} is not allowed; allowed: 1..{model.num_layers} "
-            f"(the layers of {model.name})"
-        )
+    tp, dp, ep = cl.tensor_parallel_size, cl.data_parallel_size, cl.expert_parallel_size
     if ep > 1:
         if not model.is_moe:
             raise ConfigError(
@@ -92,11 +90,6 @@ def check_shape(cl: Any, model: ModelSpec) -> None:
                 f"cluster.expert_parallel_size={ep} is not allowed; allowed: 1 or "
                 f"tensor_parallel_size × data_parallel_size = {tp * dp} (vLLM spreads the "
                 "experts over every TP × DP rank)"
-            )
-        if model.num_experts % ep:
-            raise ConfigError(
-                f"cluster.expert_parallel_size={ep} does not divide the {model.num_experts} "
-                f"experts of {model.name}"
             )
     storage = str(cl.prefix_storage).lower()
     if storage not in ("none", "cpu", "cxl"):
@@ -118,16 +111,25 @@ def check_shape(cl: Any, model: ModelSpec) -> None:
             f"cluster.num_prefill_instances={cl.num_prefill_instances} needs "
             "cluster.pd_disaggregation=true"
         )
+    comm_backend(cl)
 
 
-def build_point_cluster(
+def bundle_source(bundle: Any, resolve: Any = None) -> BundleSource:
+    """``hardware.bundle`` as a bundle source (``resolve`` makes its root absolute)."""
+    root = str(resolve(bundle.root)) if resolve and bundle.root else bundle.root
+    if bundle.source == "roofline":
+        return BundleSource(generate="always", variant=bundle.variant, cache=root)
+    return BundleSource(root=root, generate="never", variant=bundle.variant)
+
+
+def point_plan(
     cl: Any,
     model: ModelSpec,
     hardware: HardwareSpec,
     config: EngineConfig,
-    bundle: ProfileBundle,
-) -> PointCluster:
-    """Engine instances for one point (see the module docstring)."""
+    bundle: BundleSource,
+) -> DeploymentPlan:
+    """The deployment one point's ``cluster`` group describes (see the module docstring)."""
     check_shape(cl, model)
     tp, pp, dp, ep = (
         int(cl.tensor_parallel_size),
@@ -136,86 +138,58 @@ def build_point_cluster(
         int(cl.expert_parallel_size),
     )
     lockstep = model.is_moe and dp > 1
-    config = replace(
-        config,
-        tensor_parallel_size=tp,
-        pipeline_parallel_size=pp,
-        expert_parallel_size=ep if model.is_moe else 1,
+    if (config.tensor_parallel_size, config.pipeline_parallel_size,
+            config.expert_parallel_size) != (tp, pp, ep):
+        raise ConfigError("point_plan: the engine settings' parallel sizes differ from the "
+                          "cluster's; convert them with sweep.settings.engine_config(cluster)")
+    links = Links(
+        bw_gbs=(hardware.interconnect_bw_gbs or DEFAULT_LINK_BW_GBS,),
+        latency_ns=(hardware.interconnect_latency_ns,),
+        local_mem_bw_gbs=hardware.hbm_bw_gbs,
     )
-    link_bw = hardware.interconnect_bw_gbs or 16.0
-    link_lat = hardware.interconnect_latency_ns
     storage = str(cl.prefix_storage).lower()
-    pools = SharedTierPools()
-    cap = kv_capacity(model, hardware, config)
-    bpt = cap.bytes_per_block // config.block_size * tp * pp
-    models: dict[str, Any] = {}
-
-    def latency(role: str) -> Any:
-        if role not in models:
-            models[role] = latency_for_instance(
-                bundle,
-                model,
-                tp=tp,
-                pp=pp,
-                ep=ep if model.is_moe else 1,
-                dp=dp if lockstep else 1,
-                link_bw_gbs=link_bw,
-                link_latency_ns=link_lat,
-                hardware=hardware,
-                kv_cache_dtype=config.kv_cache_dtype,
-                pd=role == "prefill",
-            )
-        return models[role]
-
-    instances: list[InstanceSpec] = []
     n_pre = int(cl.num_prefill_instances) if cl.pd_disaggregation else 0
+    instances: list[InstancePlan] = []
     for replica in range(int(cl.num_instances)):
         role = "colocated" if not cl.pd_disaggregation else (
             "prefill" if replica < n_pre else "decode"
         )
         for rank in range(dp):
-            name = f"r{replica}" + (f".dp{rank}" if dp > 1 else "")
-            tiers: list[KVTierPool] = []
+            tiers: tuple[TierPlan, ...] = ()
             if storage == "cpu":
                 size, bw, lat = CPU_TIER
-                tiers.append(
-                    pools.get(
-                        ("cpu", len(instances)),
-                        MemoryTier(TierKind.HOST_DRAM, bw, lat),
-                        capacity_bytes=int(size * 2**30),
-                        chunk_tokens=chunk_tokens_for(config.block_size),
-                        kv_bytes_per_token=bpt,
-                    )
-                )
+                tiers = (TierPlan(("cpu", len(instances)), MemoryTier(TierKind.HOST_DRAM, bw, lat),
+                                  int(size * 2**30)),)
             elif storage == "cxl":
                 size, bw, lat = CXL_TIER
-                tiers.append(
-                    pools.get(
-                        ("cxl", 0),
-                        MemoryTier(TierKind.CXL, bw, lat),
-                        capacity_bytes=int(size * 2**30),
-                        chunk_tokens=chunk_tokens_for(config.block_size),
-                        kv_bytes_per_token=bpt,
-                    )
-                )
-            instances.append(
-                InstanceSpec(
-                    name,
-                    model,
-                    hardware,
-                    config,
-                    latency(role),
-                    role=role,
-                    dp_group=f"r{replica}" if lockstep else None,
-                    tiers=tiers,
-                    recall_requesters=tp * pp,
-                )
-            )
-    return PointCluster(
-        instances=instances,
-        router=str(cl.router),
-        kv_transfer_ns=cluster_kv_transfer() if cl.pd_disaggregation else None,
-        dp_pad=VllmDpPad(cudagraph_max_tokens(config.max_num_seqs, config.max_num_batched_tokens))
-        if lockstep else None,
-        num_gpus=gpus_per_point(cl),
-    )
+                tiers = (TierPlan(("cxl", 0), MemoryTier(TierKind.CXL, bw, lat),
+                                  int(size * 2**30)),)
+            instances.append(InstancePlan(
+                f"r{replica}" + (f".dp{rank}" if dp > 1 else ""),
+                model,
+                hardware,
+                config,
+                bundle,
+                links,
+                role=role,
+                dp_group=f"r{replica}" if lockstep else None,
+                dp_size=dp if lockstep else 1,
+                tiers=tiers,
+            ))
+    return DeploymentPlan(tuple(instances), router=str(cl.router), comm_backend=comm_backend(cl))
+
+
+def build_deployment(cfg: Any) -> Deployment:
+    """The assembled deployment of the composed point ``cfg``: its ``cluster`` group on
+    ``hardware`` with ``model`` and the ``hardware.bundle`` profiles.
+
+    Raises ``ConfigError`` naming the key for a bad value, ``InfeasibleError`` (a
+    ``ConfigError``) when the model does not fit an instance's memory, ``BundleError`` for a
+    missing or damaged bundle."""
+    from sweep.validate import resolve_path  # sweep.validate imports this module
+
+    model = load_model(cfg.model.name)
+    hardware = load_hardware(cfg.hardware.name)
+    plan = point_plan(cfg.cluster, model, hardware, engine_config(cfg.cluster, model),
+                      bundle_source(cfg.hardware.bundle, resolve_path))
+    return assemble(plan)

@@ -9,7 +9,6 @@ warm across the jobs it runs.
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
@@ -23,17 +22,13 @@ from omegaconf import DictConfig, OmegaConf
 from analysis.answers import point_answers
 from analysis.slo import SloSpec
 from engine import HardwareSpec, ModelSpec, RequestSpec
-from engine.batch import LatencyModel
-from engine.simulate import simulate_cluster
+from engine.deployment import Deployment
+from engine.simulate import simulate_deployment
 from engine.specs import GIB
-from profiles.bundle import ProfileBundle, load_bundle
 from profiles.catalog import load_hardware, load_model
-from profiles.parallel import latency_for_instance
-from profiles.roofline import ensure_bundle
-from sweep.cluster import PointCluster, build_point_cluster, gpus_per_point
-from sweep.settings import engine_config
-from sweep.validate import check_config, length_dist, resolve_path
-from workloads import read_jsonl, synthetic
+from sweep.cluster import build_deployment, gpus_per_point
+from sweep.validate import check_config, resolve_path
+from workloads.config import build as build_requests
 
 NS_PER_MS = 1_000_000
 log = logging.getLogger(__name__)
@@ -49,99 +44,33 @@ def hardware_spec(name: str) -> HardwareSpec:
     return load_hardware(name)
 
 
-@lru_cache(maxsize=16)
-def profile_bundle(
-    source: str, root: str | None, variant: str, hardware: str, model: str, tp: int
-) -> ProfileBundle:
-    """The profile bundle of one (hardware, model, TP): generated (roofline) or measured."""
-    hw, spec = hardware_spec(hardware), model_spec(model)
-    if source == "roofline":
-        cache = resolve_path(root) if root else None
-        return load_bundle(ensure_bundle(hw, spec, tp, variant=variant, cache=cache))
-    assert root is not None
-    return load_bundle(resolve_path(root), hw.name, spec.name, variant)
+def point_cluster_of(cfg: DictConfig) -> Deployment:
+    """The deployment of the point ``cfg`` describes (``sweep.cluster.build_deployment``; its
+    latency models are shared across points, its prefix-cache pools are fresh)."""
+    return build_deployment(cfg)
 
 
-@lru_cache(maxsize=16)
-def latency_model(
-    source: str, root: str | None, variant: str, hardware: str, model: str, tp: int
-) -> LatencyModel:
-    """The step latency of one (hardware, model, TP) instance: per-rank compute from the
-    bundle plus TP all-reduces over the hardware's interconnect."""
-    hw, spec = hardware_spec(hardware), model_spec(model)
-    return latency_for_instance(
-        profile_bundle(source, root, variant, hardware, model, tp),
-        spec,
-        tp=tp,
-        hardware=hw,
-        link_bw_gbs=hw.interconnect_bw_gbs or 16.0,
-        link_latency_ns=hw.interconnect_latency_ns,
-    )
-
-
-@lru_cache(maxsize=32)
-def point_cluster(cluster_key: str, hardware: str, model: str, bundle_key: tuple) -> PointCluster:
-    """The engine instances of one cluster shape (cached: latency memos stay warm)."""
-    cl = OmegaConf.create(json.loads(cluster_key))
-    hw, spec = hardware_spec(hardware), model_spec(model)
-    return build_point_cluster(cl, spec, hw, engine_config(cl), profile_bundle(*bundle_key))
-
-
-def point_cluster_of(cfg: DictConfig) -> PointCluster:
-    """The (cached) engine instances of the point ``cfg`` describes."""
-    model = model_spec(cfg.model.name)
-    hw = hardware_spec(cfg.hardware.name)
-    bundle = cfg.hardware.bundle
-    bundle_key = (
-        bundle.source, bundle.root, bundle.variant, hw.name, model.name,
-        int(cfg.cluster.tensor_parallel_size),
-    )
-    cluster_key = json.dumps(OmegaConf.to_container(cfg.cluster, resolve=True), sort_keys=True)
-    return point_cluster(cluster_key, hw.name, model.name, bundle_key)
-
-
-def warn_beyond_profiled_range(pc: PointCluster) -> list[str]:
-    """Log, once for the point, each engine limit above what its profile bundle covers
-    (step prices there are extrapolated: ``check_engine`` of the latency model)."""
-    msgs: list[str] = []
-    for inst in pc.instances:
-        for msg in inst.latency.check_engine(inst.config):
-            if msg not in msgs:
-                msgs.append(msg)
-    for msg in msgs:
+def warn_beyond_profiled_range(pc: Deployment) -> list[str]:
+    """Log, once for the point, each engine limit above what its profile bundles cover
+    (step prices there are extrapolated: ``Deployment.range_warnings``)."""
+    for msg in pc.range_warnings:
         log.warning("%s", msg)
-    return msgs
+    return list(pc.range_warnings)
 
 
 @lru_cache(maxsize=8)
-def _synthetic(key: str) -> tuple[RequestSpec, ...]:
-    return tuple(synthetic(**json.loads(key)))
-
-
-@lru_cache(maxsize=4)
-def _trace(path: str, limit: int | None) -> tuple[RequestSpec, ...]:
-    return tuple(read_jsonl(path, limit=limit))
+def _workload(key: str, vocab_size: int) -> tuple[RequestSpec, ...]:
+    return tuple(build_requests(json.loads(key), vocab_size))
 
 
 def build_workload(cfg: DictConfig, model: ModelSpec) -> tuple[RequestSpec, ...]:
-    """The requests of ``cfg.workload`` (cached: grid points often share a workload)."""
-    wl = cfg.workload
-    if wl.kind == "trace":
-        return _trace(str(resolve_path(wl.path)), wl.limit)
-    burstiness = 1.0 if wl.arrival == "poisson" else 1.0 / wl.cv**2
-    args = {
-        "rate": float(wl.rate),
-        "num_requests": wl.num_requests,
-        "duration_s": wl.duration_s,
-        "input_len": dataclasses.asdict(length_dist(wl, "input_len")),
-        "output_len": dataclasses.asdict(length_dist(wl, "output_len")),
-        "seed": int(wl.seed),
-        "burstiness": burstiness,
-        "shared_prefix_len": int(wl.shared_prefix_len),
-        "num_prefix_groups": int(wl.num_prefix_groups),
-        "vocab_size": model.vocab_size,
-    }
-    return _synthetic(json.dumps(args, sort_keys=True))
+    """The requests of ``cfg.workload`` (``workloads.config.build``; cached: grid points
+    often share a workload)."""
+    wl = OmegaConf.to_container(cfg.workload, resolve=True)
+    assert isinstance(wl, dict)
+    if wl["kind"] == "trace":
+        wl["path"] = str(resolve_path(wl["path"]))
+    return _workload(json.dumps(wl, sort_keys=True), model.vocab_size)
 
 
 def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
@@ -198,10 +127,7 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     pc = point_cluster_of(cfg)
     warn_beyond_profiled_range(pc)
     workload = build_workload(cfg, model)
-    result = simulate_cluster(
-        pc.instances, workload, router=pc.router, kv_transfer_ns=pc.kv_transfer_ns,
-        dp_pad=pc.dp_pad, seed=int(cfg.workload.seed),
-    )
+    result = simulate_deployment(pc, workload, seed=int(cfg.workload.seed))
     requests = result.requests
     usd_per_hour, gpus = deployment_usd_per_hour(cfg, hw)
     answers = point_answers(requests, SloSpec.from_config(cfg.slo), usd_per_hour, gpus)

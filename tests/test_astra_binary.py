@@ -1,4 +1,5 @@
-"""BinaryBackend: missing-binary errors, input writing and output parsing with a fake binary."""
+"""BinaryBackend: missing-binary errors, input writing and output parsing with a fake binary;
+the backend wired into a deployment (``comm_backend: astra_sim``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from astra_bridge import BinaryBackend, BinaryBackendError, SystemConfig, Topology
+from astra_bridge import BinaryBackend, BinaryBackendError, CommBackend, SystemConfig, Topology
 from astra_bridge.binary import parse_finish_times
 from astra_bridge.chakra_et import (
     FORK_NODE_TYPES,
@@ -20,6 +21,7 @@ from astra_bridge.chakra_et import (
     parse_fields,
 )
 from astra_bridge.topology import load_network_config, load_system_config
+from engine.specs import ConfigError, SettingError
 
 TOPO = Topology.from_lists(["Switch", "Switch"], [2, 2], [400, 50], [100, 500])
 SYSTEM = SystemConfig(local_mem_bw_gbps=768, dataset_splits=2)
@@ -65,7 +67,13 @@ for path in sorted(glob.glob(prefix + ".*.et")):
         for no, v in f:
             if no == 10:
                 af = fields(v)
-                attrs[af[0][1].decode()] = af[1][1]
+                if af[1][0] == 28:  # bool_list: a BoolList, its values packed in field 1
+                    packed, q, flags = fields(af[1][1])[0][1], 0, []
+                    while q < len(packed):
+                        b, q = varint(packed, q); flags.append(bool(b))
+                    attrs[af[0][1].decode()] = flags
+                else:
+                    attrs[af[0][1].decode()] = af[1][1]
         nodes.append({"type": dict(f)[3], "attrs": attrs})
     seen["npus"][npu] = nodes
 seen["network"] = open(args["network-configuration"]).read()
@@ -185,3 +193,101 @@ def test_et_encoding_round_trip() -> None:
     assert f[:3] == [(1, 0), (2, b"ALL_GATHER"), (3, 8)]
     attrs = {parse_fields(v)[0][1]: parse_fields(v)[1] for no, v in f if no == 10}
     assert attrs == {b"is_cpu_op": (27, 0), b"comm_type": (9, 2), b"comm_size": (9, 300)}
+
+
+def test_collective_over_some_dimensions_writes_involved_dim(fake_binary: tuple[Path, Path]) -> None:
+    exe, log = fake_binary
+    backend = BinaryBackend(exe, TOPO, SYSTEM)
+    assert backend.collective_ns("all-reduce", 64, involved_dims=(True, False)) == 64 + 30
+    seen = json.loads(log.read_text())
+    assert seen["npus"]["0"][0]["attrs"]["involved_dim"] == [True, False]
+    log.unlink()
+    backend.collective_ns("all-reduce", 64, involved_dims=(True, True))  # another shape: runs
+    assert "involved_dim" not in json.loads(log.read_text())["npus"]["0"][0]["attrs"]
+    log.unlink()
+    backend.collective_ns("all-reduce", 64, involved_dims=[True, False])  # cached
+    assert not log.exists()
+    with pytest.raises(ConfigError, match="2 dimensions"):
+        backend.collective_ns("all-reduce", 64, involved_dims=(True,))
+
+
+def test_et_bool_list_attribute_round_trip() -> None:
+    node = collective_node("all-gather", 8, involved_dims=(False, True, True))
+    f = parse_fields(node.encode())
+    attrs = [parse_fields(v) for no, v in f if no == 10]
+    name, (field_no, body) = attrs[-1]
+    assert name == (1, b"involved_dim") and field_no == 28
+    assert parse_fields(body) == [(1, b"\x00\x01\x01")]  # packed varints 0, 1, 1
+
+
+def test_comm_backend_names_the_key_and_the_fix(tmp_path: Path) -> None:
+    assert CommBackend() == CommBackend("analytical", None)
+    with pytest.raises(SettingError, match="comm_backend='ns3' is not allowed"):
+        CommBackend("ns3")
+    with pytest.raises(SettingError, match="astra_sim_binary=None is not allowed.*give its path"):
+        CommBackend("astra_sim")
+    err = pytest.raises(SettingError, CommBackend, "astra_sim", str(tmp_path / "nope")).value
+    assert "cluster.astra_sim_binary=" in str(err.named("cluster.")) and "not found" in str(err)
+    with pytest.raises(SettingError, match="astra_sim_binary='x' is not allowed; allowed: null"):
+        CommBackend("analytical", "x")
+
+
+def test_binary_backend_shared_per_network(fake_binary: tuple[Path, Path]) -> None:
+    exe, _ = fake_binary
+    cb = CommBackend("astra_sim", str(exe))
+    net = cb.network(TOPO, SYSTEM)
+    assert isinstance(net, BinaryBackend)
+    assert cb.network(TOPO, SYSTEM) is net  # one memo per (binary, topology, system)
+    assert CommBackend().network(TOPO, SYSTEM).collective_ns("all-reduce", 4096) > 0
+
+
+def _sweep_cfg(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sweep.schema import register
+
+    register()
+    GlobalHydra.instance().clear()
+    conf = Path(__file__).resolve().parents[1] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def test_sweep_point_selects_the_binary_per_collective_shape(
+    fake_binary: tuple[Path, Path],
+) -> None:
+    from engine.simulate import simulate_deployment
+    from profiles.parallel.latency import ParallelLatencyModel
+    from sweep.cluster import build_deployment
+    from workloads import synthetic
+
+    exe, log = fake_binary
+    base = ["cluster=tp2", "hardware=h100_sxm", "model=llama3_8b"]
+    cfg = _sweep_cfg([*base, "cluster.comm_backend=astra_sim", f"cluster.astra_sim_binary={exe}"])
+    dep = build_deployment(cfg)
+    lat = dep.instances[0].latency
+    assert isinstance(lat, ParallelLatencyModel) and isinstance(lat.network, BinaryBackend)
+    h, fp = lat.model.hidden_size, 2
+    # the fake reports comm_size + 10 * npu: NPU 1 of the TP pair finishes last
+    assert lat.tp_allreduce_ns(7) == 7 * h * fp + 10
+    reqs = synthetic(rate=100.0, num_requests=2, input_len=16, output_len=3, seed=0,
+                     vocab_size=lat.model.vocab_size)
+    simulate_deployment(dep, reqs)
+    runs = len(lat.network._cache)
+    log.unlink()
+    simulate_deployment(build_deployment(cfg), reqs)  # same shapes: no new binary run
+    assert not log.exists() and len(lat.network._cache) == runs
+    analytical = build_deployment(_sweep_cfg(base)).instances[0].latency
+    assert not isinstance(analytical.network, BinaryBackend)  # the default stays analytical
+
+
+def test_sweep_point_with_a_missing_binary_names_the_key(tmp_path: Path) -> None:
+    from sweep.cluster import build_deployment
+
+    cfg = _sweep_cfg(["cluster.comm_backend=astra_sim",
+                      f"cluster.astra_sim_binary={tmp_path / 'AstraSim'}"])
+    with pytest.raises(ConfigError, match=r"^cluster\.astra_sim_binary=.*not found"):
+        build_deployment(cfg)

@@ -8,7 +8,9 @@ import pytest
 
 from engine import EngineConfig, RequestSpec
 from engine.batch import BatchShape
-from engine.simulate import InstanceSpec, simulate, simulate_cluster
+from engine.deployment import Deployment, InstanceSpec
+from engine.memory import kv_capacity
+from engine.simulate import simulate, simulate_cluster, simulate_deployment
 from engine.specs import ConfigError, HardwareSpec
 from profiles.catalog import load_model
 
@@ -22,6 +24,9 @@ class Flat:
 
     def iteration_ns(self, shape: BatchShape) -> int:
         return 1_000_000 + 10_000 * shape.total_tokens
+
+    def stage_ns(self, shape: BatchShape) -> int:
+        return self.iteration_ns(shape)
 
 
 class Staged(Flat):
@@ -37,7 +42,9 @@ def reqs(n: int, gap_ns: int = 1_000_000, plen: int = 40, olen: int = 8) -> list
 
 
 def inst(name: str, **kw) -> InstanceSpec:
-    return InstanceSpec(name, MODEL, HW, kw.pop("config", CFG), kw.pop("latency", Flat()), **kw)
+    config = kw.pop("config", CFG)
+    cap = kv_capacity(MODEL, HW, config)
+    return InstanceSpec(name, MODEL, HW, config, kw.pop("latency", Flat()), cap, **kw)
 
 
 def test_single_instance_cluster_equals_simulate() -> None:
@@ -75,8 +82,8 @@ def test_pd_disaggregation_hands_off_after_first_token() -> None:
     w = reqs(10, gap_ns=5_000_000, plen=200, olen=12)
     transfer = []
 
-    def kv_ns(src, dst, tokens: int) -> int:
-        transfer.append((src.name, dst.name, tokens))
+    def kv_ns(src: str, dst: str, tokens: int) -> int:
+        transfer.append((src, dst, tokens))
         return 2_000_000
 
     res = simulate_cluster(
@@ -144,9 +151,31 @@ def test_pipeline_parallel_keeps_several_batches_in_flight() -> None:
     assert pp4.makespan_ns < pp1.makespan_ns
 
 
-def test_pp_without_stage_model_is_refused() -> None:
-    with pytest.raises(ConfigError, match="stage_ns"):
-        simulate_cluster([inst("a", config=replace(CFG, pipeline_parallel_size=2))], reqs(2))
+def test_instance_capacity_must_match_its_block_size() -> None:
+    cap = kv_capacity(MODEL, HW, replace(CFG, block_size=32))
+    with pytest.raises(ConfigError, match="blocks of 32 tokens but block_size=16"):
+        InstanceSpec("a", MODEL, HW, CFG, Flat(), cap)
+    with pytest.raises(ConfigError, match="role='standby'"):
+        InstanceSpec("a", MODEL, HW, CFG, Flat(), kv_capacity(MODEL, HW, CFG), role="standby")
+
+
+def test_the_engine_uses_the_capacity_it_is_handed() -> None:
+    small = replace(kv_capacity(MODEL, HW, CFG), num_blocks=9)  # 8 usable blocks of 16 tokens
+    w = reqs(6, gap_ns=0, plen=40, olen=30)
+    res = simulate_cluster([InstanceSpec("a", MODEL, HW, CFG, Flat(), small)], w)
+    assert res.kv_capacity is small
+    assert res.num_preemptions > 0  # six 70-token requests cannot all stay in 128 tokens
+    assert simulate_cluster([inst("a")], w).num_preemptions == 0
+
+
+def test_simulate_deployment_runs_its_router_transfer_and_padding() -> None:
+    w = reqs(8, gap_ns=100_000, olen=4)
+    dep = Deployment([inst("a"), inst("b")], router="round_robin")
+    res = simulate_deployment(dep, w)
+    assert list(res.requests.instance[:4]) == ["a", "b", "a", "b"]
+    pd = Deployment([inst("p", role="prefill"), inst("d", role="decode")],
+                    kv_transfer_ns=lambda src, dst, n: 1_000_000)
+    assert (simulate_deployment(pd, w).requests.instance == "d").all()
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

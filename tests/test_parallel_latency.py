@@ -1,22 +1,24 @@
-"""profiles.parallel: layout rules, DP padding, composition of compute and communication."""
+"""profiles.parallel: layout rules, DP padding, composition of compute and communication, the
+P/D hand-off."""
 
 from __future__ import annotations
 
 import pytest
 
-from astra_bridge import NetworkModel
+from astra_bridge import Network, NetworkModel
 from engine.batch import BatchShape
 from engine.specs import ConfigError, ModelSpec
 from profiles.architecture import load_architecture
-from profiles.parallel import (
-    ParallelLatencyModel,
-    ParallelLayout,
+from profiles.parallel.dp_pad import (
     VllmDpPad,
-    build_network,
     cudagraph_max_tokens,
+    dp_pad_for,
     dummy_batch,
     pad_dp_group,
 )
+from profiles.parallel.latency import ParallelLatencyModel
+from profiles.parallel.layout import ParallelLayout, build_network, layout_for_instance
+from profiles.parallel.pd_transfer import ClusterKvTransfer, KvHandoff, pd_handoff
 
 DENSE = ModelSpec(name="dense", model_type="qwen3", num_layers=8, hidden_size=512,
                   num_attention_heads=8, num_kv_heads=2, head_dim=64, intermediate_size=1024,
@@ -59,7 +61,7 @@ class FakeCompute:
         return sum(self.breakdown(s).values())
 
 
-def net(layout: ParallelLayout) -> NetworkModel:
+def net(layout: ParallelLayout) -> Network:
     return build_network(layout, 16, 20000, 1597)
 
 
@@ -74,11 +76,14 @@ def decode(n: int, kv: int = 100) -> BatchShape:
 # ------------------------------------------------------------------------------------ layout
 
 
-def test_stage_split_follows_vllm() -> None:
-    assert ParallelLayout(pp=3).stage_layers(32) == (11, 11, 10)
-    assert ParallelLayout(pp=4).stage_layers(64) == (16, 16, 16, 16)
-    assert ParallelLayout(pp=4).stage_layers(10) == (2, 3, 3, 2)
-    assert ParallelLayout().stage_layers(7) == (7,)
+@pytest.mark.parametrize(
+    ("layers", "pp", "expected"),
+    [(32, 1, (32,)), (32, 2, (16, 16)), (32, 3, (11, 11, 10)), (64, 4, (16, 16, 16, 16)),
+     (10, 4, (2, 3, 3, 2)), (7, 4, (2, 2, 2, 1)), (5, 5, (1, 1, 1, 1, 1)), (7, 1, (7,))],
+)
+def test_stage_split_follows_vllm(layers: int, pp: int, expected: tuple) -> None:
+    # vLLM get_pp_indices: L // pp each, the remainder +1 to the stages before the last
+    assert ParallelLayout(pp=pp).stage_layers(layers) == expected
 
 
 @pytest.mark.parametrize(
@@ -295,34 +300,40 @@ def test_dp_ep_group_synchronises_each_moe_block() -> None:
 # ------------------------------------------------------------------------------------ P/D
 
 
-def _pd_model(kv_dtype: str = "auto", tp: int = 1) -> ParallelLatencyModel:
+def _handoff(kv_dtype: str = "auto", tp: int = 1) -> KvHandoff:
     layout = ParallelLayout(tp=tp)
-    pd_net = NetworkModel.from_params(tp, 2, intra_bandwidth_gbps=16, intra_latency_ns=20000,
-                                      local_mem_bw_gbps=1597, inter_bandwidth_gbps=16,
-                                      inter_latency_ns=20000, inter_kind="FullyConnected")
-    return ParallelLatencyModel(FakeCompute(DENSE), DENSE, layout, net(layout),
-                                kv_cache_dtype=kv_dtype, pd_network=pd_net, pd_peer=tp)
+    lat = ParallelLatencyModel(FakeCompute(DENSE), DENSE, layout, net(layout))
+    return pd_handoff(lat, 16, 20000, 1597, kv_cache_dtype=kv_dtype)
+
+
+def test_pd_network_is_the_reference_shadow_npu() -> None:
+    h = _handoff(tp=2)
+    assert [d.npus for d in h.network.topology.dims] == [2, 2] and h.peer == 2
+    same = NetworkModel.from_params(2, 2, intra_bandwidth_gbps=16, intra_latency_ns=20000,
+                                    local_mem_bw_gbps=1597, inter_bandwidth_gbps=16,
+                                    inter_latency_ns=20000, inter_kind="FullyConnected")
+    assert h.network.p2p_ns(12345, 0, 2) == same.p2p_ns(12345, 0, 2)
 
 
 def test_kv_transfer_bytes_dtype_and_tp_aware() -> None:
-    m = _pd_model()
+    m = _handoff()
     assert m.kv_bytes_per_layer(10) == 2 * 2 * 64 * 10 * 2
-    assert _pd_model("fp8").kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
-    assert _pd_model(tp=2).kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
-    per_layer = m.pd_network.p2p_ns(5120, 0, 1)
+    assert _handoff("fp8").kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
+    assert _handoff(tp=2).kv_bytes_per_layer(10) == m.kv_bytes_per_layer(10) // 2
+    per_layer = m.network.p2p_ns(5120, 0, 1)
     assert m.kv_transfer_ns(10, streamed=True) == per_layer == 20000 + int(5120 / 17.179869184)
-    assert m.kv_transfer_ns(10) == m.pd_network.p2p_ns(DENSE.num_layers * 5120, 0, 1)
+    assert m.kv_transfer_ns(10) == m.network.p2p_ns(DENSE.num_layers * 5120, 0, 1)
     assert m.kv_transfer_ns(10) > per_layer
     assert m.kv_transfer_ns(0) == 0
-    with pytest.raises(ConfigError, match="pd_network"):
-        parallel(DENSE, ParallelLayout()).kv_transfer_ns(10)
+    with pytest.raises(ConfigError, match="num_tokens"):
+        m.kv_transfer_ns(-1)
 
 
 def test_pd_prefill_extra_output_send_or_exposed_kv() -> None:
-    m = _pd_model()
+    m = _handoff()
     s = BatchShape(10, 1, 10, 0, 0, 0, 0, 0)
     # the KV message is hidden by the rest of the step; the 40-byte output send is not
-    assert m.pd_prefill_extra_ns(s) == m.pd_network.p2p_ns(40, 0, 1) == 20002
+    assert m.pd_prefill_extra_ns(s) == m.network.p2p_ns(40, 0, 1) == 20002
     huge = 1_000_000
     tail = m._tail_after_qkv(s)
     assert m.pd_prefill_extra_ns(s, send_tokens=huge) == m.kv_transfer_ns(huge, streamed=True) - tail
@@ -338,7 +349,6 @@ def _inst(num_npus=None, tp_size=None, pp_size=None, ep_size=None, dp_group=None
 
 
 def test_layout_for_instance_reference_inference() -> None:
-    from profiles.parallel import layout_for_instance
     assert layout_for_instance(_inst(), [], DENSE) == ParallelLayout()
     assert layout_for_instance(_inst(num_npus=4, tp_size=2), [], DENSE) == ParallelLayout(tp=2, pp=2)
     assert layout_for_instance(_inst(num_npus=4, pp_size=4), [], DENSE) == ParallelLayout(pp=4)
@@ -353,23 +363,31 @@ def test_layout_for_instance_reference_inference() -> None:
 
 def test_compute_model_with_host_io_rejected() -> None:
     class WithIO(FakeCompute):
-        def host_io_ns(self, shape: BatchShape) -> int:
-            return shape.total_tokens
+        def breakdown(self, s: BatchShape) -> dict[str, int]:
+            return {**super().breakdown(s), "host_io": s.total_tokens}
 
     layout = ParallelLayout(tp=2)
     with pytest.raises(ConfigError, match="host_mem_bw_gbs=None"):
         ParallelLatencyModel(WithIO(DENSE), DENSE, layout, net(layout))
 
 
-def test_cluster_kv_transfer_uses_prefill_member_model() -> None:
-    from types import SimpleNamespace
+def test_cluster_kv_transfer_prices_by_the_prefill_instance() -> None:
+    h = _handoff()
+    fn = ClusterKvTransfer({"p": h})
+    assert fn("p", "d", 10) == h.kv_transfer_ns(10)
+    assert ClusterKvTransfer({"p": h}, streamed=True)("p", "d", 10) == \
+        h.pd_prefill_extra_ns(BatchShape(10, 1, 10, 0, 0, 0, 0, 0)) == 20002
+    with pytest.raises(ConfigError, match="'d' hands a request off but is not a prefill"):
+        fn("d", "p", 10)
 
-    from profiles.parallel import cluster_kv_transfer
-    m = _pd_model()
-    fn = cluster_kv_transfer()
-    assert fn(SimpleNamespace(name="p", latency=m), SimpleNamespace(name="d"), 10) == \
-        m.kv_transfer_ns(10)
-    assert cluster_kv_transfer(streamed=True)(SimpleNamespace(latency=m), None, 10) == \
-        m.pd_prefill_extra_ns(BatchShape(10, 1, 10, 0, 0, 0, 0, 0)) == 20002
-    with pytest.raises(ConfigError, match="pd=True"):
-        fn(SimpleNamespace(name="p", latency=FakeCompute(DENSE)), None, 10)
+
+def test_dp_padding_rules() -> None:
+    from engine import EngineConfig
+
+    cfg = EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048)
+    pad = dp_pad_for("vllm", cfg)
+    assert isinstance(pad, VllmDpPad) and pad.cudagraph_max == cudagraph_max_tokens(64, 2048)
+    assert dp_pad_for("reference", cfg) is pad_dp_group
+    assert dp_pad_for("none", cfg) is None
+    with pytest.raises(ConfigError, match="'vllm', 'reference' or 'none'"):
+        dp_pad_for("lockstep", cfg)

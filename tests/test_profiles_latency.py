@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from test_profiles_bundle import DENSE_LAYERS, attn_us, dense_us, write_bundle
 
 from engine.batch import BatchShape
-from engine.specs import ConfigError, EngineConfig, ModelSpec
+from engine.specs import ConfigError, ModelSpec
 from profiles.architecture import ArchitectureError
 from profiles.bundle import BundleError, Curve, clear_bundle_cache, load_bundle
 from profiles.latency import (
@@ -324,10 +324,10 @@ def test_missing_layer_is_skipped_with_warning(tmp_path: Path, caplog) -> None:
     assert "qk_norm" not in m.breakdown(shape([(8, 0)]))
 
 
-def test_check_engine_reports_limits_beyond_profiled_range(tmp_path: Path) -> None:
+def test_bundle_reports_limits_beyond_profiled_range(tmp_path: Path) -> None:
     m = make_model(tmp_path)
-    assert m.check_engine(EngineConfig(max_num_batched_tokens=16, max_num_seqs=4)) == []
-    msgs = m.check_engine(EngineConfig(max_num_batched_tokens=2048, max_num_seqs=4))
+    assert m.bundle.beyond_profiled_range(16, 4) == []
+    msgs = m.bundle.beyond_profiled_range(2048, 4)
     assert len(msgs) == 1 and "max_num_batched_tokens 2048 > profiled" in msgs[0]
     assert "extrapolate" in msgs[0]
 
@@ -406,40 +406,7 @@ def test_nearest_pair_ties_resolve_to_first_sorted_pair() -> None:
     assert lookup(0, 0, 0, 16) == 1000
 
 
-@pytest.mark.parametrize(
-    ("layers", "pp", "expected"),
-    [(32, 1, (32,)), (32, 2, (16, 16)), (32, 3, (11, 11, 10)), (10, 4, (2, 3, 3, 2)),
-     (7, 4, (2, 2, 2, 1)), (5, 5, (1, 1, 1, 1, 1))],
-)
-def test_pipeline_blocks(layers: int, pp: int, expected: tuple) -> None:
-    from profiles.latency import pipeline_blocks
-
-    assert pipeline_blocks(layers, pp) == expected
-
-
-def test_stage_times(tmp_path: Path) -> None:
-    spec = replace(TINY, num_layers=5)
-    m = make_model(tmp_path, spec, pp=2, skew=SKEW)
-    assert m.stage_blocks == (3, 2)
+def test_one_stage_holds_every_layer(tmp_path: Path) -> None:
+    m = make_model(tmp_path, skew=SKEW)
     for s in (shape([(8, 0)]), shape([(24, 32)], [16, 64]), shape(decodes=[40] * 3)):
-        times = m.stage_times_ns(s)
-        assert sum(times) == m.iteration_ns(s)
-        assert m.stage_ns(s) == times[0]
-        bd = m.breakdown(s)
-        per_block = (m.iteration_ns(s) - bd["embedding"] - bd["final_layernorm"] - bd["lm_head"]
-                     - bd["sampler"] - bd["host_io"]) // 5
-        assert times[0] == 3 * per_block + bd["embedding"] + bd["host_io"]
-    with pytest.raises(ConfigError, match="pp = 6"):
-        make_model(tmp_path / "x", spec, pp=6)
-
-
-def test_load_profiled_model_picks_variant(tmp_path: Path) -> None:
-    from profiles.latency import load_profiled_model
-
-    clear_bundle_cache()
-    spec = replace(TINY, name="test/tiny")
-    write_bundle(tmp_path, variant="bf16-kvfp8")
-    m = load_profiled_model(tmp_path, "TESTGPU", spec, kv_cache_dtype="fp8")
-    assert m.bundle.path.name == "bf16-kvfp8"
-    with pytest.raises(BundleError, match=r"test/tiny/bf16: profile bundle directory not found"):
-        load_profiled_model(tmp_path, "TESTGPU", spec)
+        assert m.stage_ns(s) == m.iteration_ns(s)

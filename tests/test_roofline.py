@@ -10,16 +10,16 @@ import pandas as pd
 import pytest
 import yaml
 
-import profiles.roofline as roofline
+import profiles.roofline.generate as roofline
 from engine.batch import BatchShape
 from engine.specs import ConfigError
 from profiles.bundle import clear_bundle_cache, load_bundle
 from profiles.catalog import load_hardware, load_model
 from profiles.latency import ProfiledLatencyModel
 from profiles.roofline import bundle_key, cache_dir, ensure_bundle, generate_bundle
-from profiles.roofline_cost import RankShape, attention_work, dense_work, parse_variant
-from profiles.roofline_factors import CATEGORIES, KernelFactors, load_factors
-from profiles.roofline_grid import GridSpec, attention_keys, dense_tokens, moe_keys
+from profiles.roofline.cost import RankShape, attention_work, dense_work, parse_variant
+from profiles.roofline.factors import CATEGORIES, KernelFactors, load_factors
+from profiles.roofline.grid import GridSpec, attention_keys, dense_tokens, moe_keys
 
 HW = load_hardware("RTXPRO6000")
 LLAMA = load_model("meta-llama/Llama-3.1-8B")

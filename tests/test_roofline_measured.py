@@ -18,9 +18,9 @@ from profiles.bundle import clear_bundle_cache, load_bundle
 from profiles.catalog import load_hardware, load_model
 from profiles.latency import ProfiledLatencyModel
 from profiles.roofline import generate_bundle
-from profiles.roofline_check import table_errors
-from profiles.roofline_factors import load_factors
-from profiles.roofline_fit import (
+from profiles.roofline.check import table_errors
+from profiles.roofline.factors import load_factors
+from profiles.roofline.fit import (
     FREE_PARAMS,
     MEASURED,
     all_samples,
@@ -28,7 +28,7 @@ from profiles.roofline_fit import (
     measured_tps,
     measured_variant_dir,
 )
-from profiles.roofline_grid import (
+from profiles.roofline.grid import (
     GridSpec,
     attention_keys,
     dense_tokens,

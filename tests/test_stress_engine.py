@@ -33,14 +33,15 @@ from hypothesis import strategies as st
 from astra_bridge.memory import MemoryTier, TierKind
 from engine import EngineConfig, RequestSpec
 from engine.batch import BatchShape
+from engine.deployment import InstanceSpec
 from engine.instance import EngineUnit
 from engine.kv_tiers import KVTierPool, chunk_tokens_for
 from engine.memory import kv_capacity
 from engine.scheduler import Scheduler
-from engine.simulate import InstanceSpec, simulate_cluster
+from engine.simulate import simulate_cluster
 from engine.specs import HardwareSpec
 from profiles.catalog import load_model
-from profiles.parallel import VllmDpPad, pad_dp_group
+from profiles.parallel.dp_pad import VllmDpPad, pad_dp_group
 
 MODEL = load_model("meta-llama/Llama-3.1-8B")
 HW = HardwareSpec("card", 96.0, 1000.0, 100.0, 200.0)
@@ -158,16 +159,16 @@ def build(sc: dict, max_len: int, need_blocks: int):
     pp = 2 if topo == "pp" else 1
     cfg = replace(cfg, pipeline_parallel_size=pp)
     tiers: list[KVTierPool] = []
+    cap = kv_capacity(MODEL, HW, cfg)
     if sc["cpu_tier"]:
-        cap = kv_capacity(MODEL, HW, cfg)
-        bpt = cap.bytes_per_block // BS * cfg.tensor_parallel_size * pp
+        bpt = cap.kv_bytes_per_token
         chunk = chunk_tokens_for(BS, 64)
         tiers.append(KVTierPool("cpu", MemoryTier(TierKind.HOST_DRAM, 256.0, 1000.0),
                                 capacity_bytes=40 * chunk * bpt, chunk_tokens=chunk,
                                 kv_bytes_per_token=bpt))
 
     def inst(name: str, **kw) -> InstanceSpec:
-        return InstanceSpec(name, MODEL, HW, cfg, Flat(pp), tiers=tiers, **kw)
+        return InstanceSpec(name, MODEL, HW, cfg, Flat(pp), cap, tiers=tiers, **kw)
 
     kwargs: dict = {"router": sc["router"], "seed": sc["seed"]}
     if topo in ("single", "pp"):
@@ -181,8 +182,8 @@ def build(sc: dict, max_len: int, need_blocks: int):
     else:
         instances = [inst("dp0", dp_group="g"), inst("dp1", dp_group="g")]
         # the reference's rounds, or vLLM's with a CUDA-graph limit of 0, 64 or 128 tokens
-        cap = sc["seed"] % 3 * 64
-        kwargs["dp_pad"] = pad_dp_group if sc["seed"] % 2 else VllmDpPad(cap)
+        graph_max = sc["seed"] % 3 * 64
+        kwargs["dp_pad"] = pad_dp_group if sc["seed"] % 2 else VllmDpPad(graph_max)
     return instances, kwargs, tiers
 
 

@@ -81,20 +81,21 @@ def test_run_point_returns_plain_metrics_series_and_requests(small_cfg, small_re
 
 
 def test_caches_stay_warm_across_points(small_cfg, small_result):
-    # Start from cold point caches so the first point really loads (and warms) the bundle:
-    # other tests may have cached this point's cluster and pushed its bundle out of the LRU.
-    job.point_cluster.cache_clear()
-    job.run_point(OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.7}}))
-    before = job.profile_bundle.cache_info()
-    other = OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.5}})
-    result = job.run_point(other)
-    after = job.profile_bundle.cache_info()
-    assert after.hits == before.hits + 1 and after.misses == before.misses
+    # Points of one cluster shape share the latency model (its memo stays warm) but never the
+    # prefix-cache pools, which hold the previous point's KV.
+    a = OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.7,
+                                                "prefix_storage": "cpu"}})
+    b = OmegaConf.merge(a, {"cluster": {"gpu_memory_utilization": 0.5}})
+    dep_a, dep_b = job.point_cluster_of(a), job.point_cluster_of(b)
+    assert dep_a.instances[0].latency is dep_b.instances[0].latency
+    assert dep_a.instances[0].tiers[0] is not dep_b.instances[0].tiers[0]
+    assert dep_b.instances[0].capacity.num_blocks < dep_a.instances[0].capacity.num_blocks
+    result = job.run_point(OmegaConf.merge(small_cfg, {"cluster": {"gpu_memory_utilization": 0.5}}))
     assert result["metrics"]["kv_num_blocks"] < small_result["metrics"]["kv_num_blocks"]
 
 
 def test_limits_beyond_the_profiled_range_are_logged_once_per_point(small_cfg, caplog):
-    # the roofline bundle is generated for max_num_batched_tokens <= 2048 (profiles.roofline_grid)
+    # the roofline bundle is generated for max_num_batched_tokens <= 2048 (profiles.roofline.grid)
     quick = {"workload": {"num_requests": 4, "input_len": 64, "output_len": 4}}
     wide = OmegaConf.merge(small_cfg, quick, {"cluster": {
         "max_num_batched_tokens": 4096, "num_instances": 2}})

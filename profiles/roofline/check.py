@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiles.roofline_fit import attention_regime
+from profiles.roofline.fit import attention_regime
 
 _KEYS = {
     "dense": ["layer", "tokens"],

@@ -1,7 +1,7 @@
 """Efficiency factors and fixed overheads of the roofline latency model, per kernel category.
 
-The values live in ``profiles/roofline_factors.yaml`` (fitted by ``python -m
-profiles.roofline_fit``). Every kernel category has one :class:`KernelFactors`; a
+The values live in ``profiles/roofline/factors.yaml`` (fitted by ``python -m
+profiles.roofline.fit``). Every kernel category has one :class:`KernelFactors`; a
 category's time is
 
     launch_us + per_seq_us * sequences
@@ -39,7 +39,7 @@ import yaml
 
 from engine.specs import ConfigError
 
-DEFAULT_FACTORS_PATH = Path(__file__).with_name("roofline_factors.yaml")
+DEFAULT_FACTORS_PATH = Path(__file__).with_name("factors.yaml")
 
 #: Kernel categories and the canonical layer names priced by each.
 CATEGORY_OF_LAYER: dict[str, str] = {
@@ -154,7 +154,7 @@ def factors_from_dict(data: object, source: str = "<dict>") -> RooflineFactors:
 
 
 def load_factors(path: str | Path | None = None) -> RooflineFactors:
-    """Read factors from ``path`` (default: the fitted ``profiles/roofline_factors.yaml``)."""
+    """Read factors from ``path`` (default: the fitted ``profiles/roofline/factors.yaml``)."""
     p = Path(path) if path is not None else DEFAULT_FACTORS_PATH
     try:
         data = yaml.safe_load(p.read_text())

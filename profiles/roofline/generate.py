@@ -6,11 +6,11 @@ layout that ``profiles.bundle`` reads::
     <root>/<hardware>/<org>/<model>/<variant>/meta.yaml
     <root>/<hardware>/<org>/<model>/<variant>/tp<N>/{dense,per_sequence,attention,moe}.csv
 
-Each row's ``time_us`` is a roofline estimate (see ``profiles.roofline_factors`` for the
-formula) from the layer's per-rank FLOPs and HBM bytes (``profiles.roofline_cost``) against
+Each row's ``time_us`` is a roofline estimate (see ``profiles.roofline.factors`` for the
+formula) from the layer's per-rank FLOPs and HBM bytes (``profiles.roofline.cost``) against
 the hardware's peak tensor throughput and HBM bandwidth, with efficiency factors and launch
 overheads fitted to the measured RTX PRO 6000 bundles. Rows sit on the profiler's own grids
-(``profiles.roofline_grid``) so interpolation behaves as with a measured bundle.
+(``profiles.roofline.grid``) so interpolation behaves as with a measured bundle.
 
 Layers flagged ``tp_invariant`` and the MoE block are priced from ``tp1`` by the simulator
 (as in the reference), so for ``tp > 1`` the ``tp1`` folder is generated as well.
@@ -43,7 +43,7 @@ import yaml
 from engine.specs import ConfigError, HardwareSpec, ModelSpec
 from profiles.architecture import load_architecture
 from profiles.bundle import clear_bundle_cache
-from profiles.roofline_cost import (
+from profiles.roofline.cost import (
     Precision,
     RankShape,
     Work,
@@ -53,8 +53,8 @@ from profiles.roofline_cost import (
     parse_variant,
     per_sequence_work,
 )
-from profiles.roofline_factors import KernelFactors, RooflineFactors, load_factors
-from profiles.roofline_grid import (
+from profiles.roofline.factors import KernelFactors, RooflineFactors, load_factors
+from profiles.roofline.grid import (
     GridSpec,
     attention_keys,
     dense_tokens,

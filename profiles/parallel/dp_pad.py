@@ -1,0 +1,105 @@
+"""How the batches of a lock-step DP group are lined up before they are priced.
+
+The engine's ``engine.deployment.DpPad``: given each member's batch (None for an idle
+member), the shapes the members run in one round. :class:`VllmDpPad` is vLLM 0.19's rule,
+:func:`pad_dp_group` the reference simulator's (timing model §2.8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.batch import BatchShape
+from engine.deployment import DpPad
+from engine.specs import ConfigError, EngineConfig
+
+
+def dummy_batch() -> BatchShape:
+    """The batch an idle DP member runs: one decode of KV length 1 (reference / vLLM dummy run)."""
+    return BatchShape(1, 1, 0, 0, 1, 1, 1, 1)
+
+
+def pad_dp_group(shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
+    """Shapes the members of a DP group run in one lock-step round.
+
+    ``None`` (an idle member) becomes :func:`dummy_batch`. Every batch is then padded to the
+    group's largest ``total_tokens`` m as the reference does (timing model §2.8): the pad counts
+    as dummy decodes, so ``total_tokens = m`` and ``num_seqs`` grows by the pad (dense rows, MoE,
+    lm_head and sampler see it) while the attention fields (``num_decode`` and the decode KV
+    statistics) keep only the real entries. An all-idle group yields no round (empty list).
+    """
+    real = _with_dummies(shapes, "pad_dp_group")
+    return _pad_to(real, max(s.total_tokens for s in real), sampled=True) if real else []
+
+
+def _with_dummies(shapes: Sequence[BatchShape | None], who: str) -> list[BatchShape]:
+    """The group's batches with each idle member's dummy batch; [] when all are idle."""
+    if not shapes:
+        raise ConfigError(f"{who}: empty group; pass one entry (or None) per DP member")
+    if all(s is None for s in shapes):
+        return []
+    return [dummy_batch() if s is None else s for s in shapes]
+
+
+def _pad_to(shapes: list[BatchShape], m: int, *, sampled: bool) -> list[BatchShape]:
+    """Each batch padded to ``m`` tokens with dummy decodes: dense rows and MoE see them,
+    attention keeps the real decodes, and the per-sequence rows (lm_head, sampler) see them only
+    when ``sampled``."""
+    return [s if s.total_tokens == m else
+            s._replace(total_tokens=m,
+                       num_seqs=s.num_seqs + (m - s.total_tokens if sampled else 0))
+            for s in shapes]
+
+
+def cudagraph_max_tokens(max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """vLLM 0.19's default largest CUDA-graph batch: ``min(2*max_num_seqs, 512,
+    max_num_batched_tokens)`` tokens (``VllmConfig`` capture sizes, no speculative decoding)."""
+    return max(1, min(2 * max_num_seqs, 512, max_num_batched_tokens))
+
+
+class VllmDpPad:
+    """How vLLM 0.19 lines up the batches of a DP group for one lock-step round.
+
+    An idle member runs a dummy batch of one token (``execute_dummy_batch``). Every member then
+    takes part in ``coordinate_batch_across_dp``: the batches are padded to the group's largest
+    token count only when every member's batch runs as a CUDA graph (at most ``cudagraph_max``
+    tokens, see :func:`cudagraph_max_tokens`); otherwise each member runs its own size
+    (``vllm/v1/worker/dp_utils.py``: DP padding follows the synced CUDA-graph mode). The pad
+    runs through the model's layers but is never sampled (vLLM computes logits only at the real
+    requests' ``logits_indices``), so unlike :func:`pad_dp_group` it leaves ``num_seqs`` alone.
+    Every batch carries the group's token sum as
+    ``moe_tokens``: when EP spans the DP group, vLLM's default ``allgather_reducescatter``
+    dispatch all-gathers the batches before the experts run, so each member's experts see all
+    of them (``profiles.parallel.latency.ParallelLatencyModel`` ignores it for layouts whose EP
+    stays inside the instance, and for dense models). The finer padding to each member's CUDA-graph bucket
+    (125 -> 128 tokens) is not modelled.
+    """
+
+    def __init__(self, cudagraph_max: int) -> None:
+        if cudagraph_max < 0:
+            raise ConfigError(f"cudagraph_max = {cudagraph_max}: must be >= 0 (0: no CUDA graphs)")
+        self.cudagraph_max = cudagraph_max
+
+    def __call__(self, shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
+        real = _with_dummies(shapes, "VllmDpPad")
+        if not real:
+            return []
+        m = max(s.total_tokens for s in real)
+        if m <= self.cudagraph_max:
+            real = _pad_to(real, m, sampled=False)
+        if len(real) > 1:
+            g = sum(s.total_tokens for s in real)
+            real = [s._replace(moe_tokens=g) for s in real]
+        return real
+
+
+def dp_pad_for(rule: str, config: EngineConfig) -> DpPad | None:
+    """The padding of a deployment's lock-step DP groups: ``"vllm"`` (:class:`VllmDpPad` at
+    the CUDA-graph limit of ``config``), ``"reference"`` (:func:`pad_dp_group`) or ``"none"``."""
+    if rule == "vllm":
+        return VllmDpPad(cudagraph_max_tokens(config.max_num_seqs, config.max_num_batched_tokens))
+    if rule == "reference":
+        return pad_dp_group
+    if rule == "none":
+        return None
+    raise ConfigError(f"dp padding {rule!r}: use 'vllm', 'reference' or 'none'")

@@ -60,6 +60,10 @@ class DeploymentConf:
     pd_disaggregation: bool = False  # prefill/decode roles
     num_prefill_instances: int = 0  # with pd_disaggregation: the first N replicas prefill
     prefix_storage: str = "none"  # prefix-cache tier below the NPU: none, cpu, cxl
+    # Collective timing: the embedded analytical model, or a built ASTRA-Sim binary
+    # (astra_sim, with astra_sim_binary its path; astra_bridge.backend).
+    comm_backend: str = "analytical"
+    astra_sim_binary: str | None = None
 
 
 # EngineConfig fields that are not keys of the cluster group: the simulator's own

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from astra_bridge.binary import BinaryBackend, BinaryBackendError, resolve_binary
+from astra_bridge.binary import BinaryBackend, find_binary, resolve_binary
 from astra_bridge.topology import SystemConfig, Topology
 from engine.specs import SettingError
 
@@ -66,11 +66,12 @@ class CommBackend:
                                "the path of a built AstraSim_Analytical_Congestion_Unaware "
                                "binary when {p}comm_backend=astra_sim",
                                "give its path or set {p}comm_backend=analytical")
-        try:
-            resolve_binary(self.binary)
-        except BinaryBackendError as err:
+        path, problem = find_binary(self.binary)
+        if path is None:
             raise SettingError("astra_sim_binary", self.binary,
-                               "an existing executable ASTRA-Sim binary", str(err)) from None
+                               "the path of a built AstraSim_Analytical_Congestion_Unaware",
+                               f"{problem}; build ASTRA-Sim and give the binary's path, or set "
+                               "{p}comm_backend=analytical")
 
     def network(self, topology: Topology, system: SystemConfig) -> Network:
         """The network pricing collectives on ``topology`` with ``system`` (one shared binary

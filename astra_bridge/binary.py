@@ -55,22 +55,28 @@ class BinaryBackendError(ConfigError):
     """The ASTRA-Sim binary is missing, failed, or printed no completion time."""
 
 
-def resolve_binary(binary: str | Path) -> Path:
-    """The executable at ``binary`` (a path, or a name on ``PATH``); :class:`BinaryBackendError`
-    when it is missing or not executable."""
+def find_binary(binary: str | Path) -> tuple[Path | None, str]:
+    """``(the executable at binary, "")`` (a path, or a name on ``PATH``), or ``(None, what is
+    wrong)`` when it is missing or not executable."""
     path = Path(binary).expanduser()
     if not path.is_file():
         found = shutil.which(str(binary))
         if found is None:
-            raise BinaryBackendError(
-                f"ASTRA-Sim binary not found at {binary!s}; build "
-                "AstraSim_Analytical_Congestion_Unaware and pass its path, or use the "
-                "analytical NetworkModel"
-            )
+            return None, f"no file at {binary!s}"
         path = Path(found)
     if not os.access(path, os.X_OK):
+        return None, f"{path} is not executable (chmod +x it, or give the built binary)"
+    return path, ""
+
+
+def resolve_binary(binary: str | Path) -> Path:
+    """The executable at ``binary``; :class:`BinaryBackendError` when it is missing or not
+    executable."""
+    path, problem = find_binary(binary)
+    if path is None:
         raise BinaryBackendError(
-            f"ASTRA-Sim binary {path} is not executable; chmod +x it or pass the right file"
+            f"ASTRA-Sim binary: {problem}; build AstraSim_Analytical_Congestion_Unaware and "
+            "pass its path, or use the analytical NetworkModel"
         )
     return path
 

@@ -95,9 +95,10 @@ class BlockPool:
         if h is None:
             return
         ids = self.cached[h]
-        ids.remove(b)
-        if not ids:
+        if len(ids) == 1:
             del self.cached[h]
+        else:
+            ids.remove(b)
         self.block_hash[b] = None
         self.num_evictions += 1
 
@@ -106,17 +107,23 @@ class BlockPool:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
-        nxt = self._next
+        nxt, prev = self._next, self._prev
+        ref, bh = self.ref_cnt, self.block_hash
+        head = self._head
         out = []
-        ref = self.ref_cnt
-        bh = self.block_hash
+        b = nxt[head]
         for _ in range(n):
-            b = nxt[self._head]
-            self._unlink(b)
             if bh[b] is not None:
                 self._evict(b)
             ref[b] = 1
             out.append(b)
+            following = nxt[b]
+            prev[b] = nxt[b] = -1
+            b = following
+        # The queue now starts at the first block not taken.
+        nxt[head] = b
+        prev[b] = head
+        self.num_free -= n
         return out
 
     def touch(self, blocks: list[int]) -> None:

@@ -16,6 +16,9 @@ from engine.kv_tiers import KVTierPool, LowerTiers
 from engine.request import Request
 from engine.specs import ConfigError
 
+# A token count no request reaches (the cache threshold without prefix caching).
+_NEVER = 1 << 62
+
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
@@ -117,7 +120,7 @@ class KVCacheManager:
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits: list[int] = []
         cached = self.pool.cached
-        hashes = req.block_hashes
+        hashes = req.hashes(max_blocks)
         for i in range(max_blocks):
             ids = cached.get(hashes[i])
             if not ids:
@@ -187,10 +190,14 @@ class KVCacheManager:
     ) -> bool:
         """Reserve slots for ``num_new_tokens`` more tokens; False (and no change) if the
         pool cannot supply them. Registers newly full blocks in the prefix cache at once
-        (schedule time), as vLLM does."""
+        (schedule time), as vLLM does.
+
+        A running request needs a call only when ``num_computed_tokens + num_new_tokens``
+        reaches its ``kv_check_at`` (set here): below it no block is allocated and none
+        becomes full, so the call would change nothing and return True."""
         if not hit_blocks and not num_new_computed_tokens:
             blocks = self.req_blocks.get(req.index)
-            if blocks is not None:  # running request: the hot path, no new hits possible
+            if blocks is not None:  # running request: no new hits possible
                 need_slots = req.num_computed_tokens + num_new_tokens
                 if need_slots > self.max_model_len:
                     need_slots = self.max_model_len
@@ -203,6 +210,7 @@ class KVCacheManager:
                     upto = need_slots if need_slots < req.num_tokens else req.num_tokens
                     if upto // self.block_size > self.num_cached_block[req.index]:
                         self.cache_blocks(req, upto)
+                self._set_thresholds(req, blocks)
                 return True
         hb = hit_blocks or []
         total_computed = min(req.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
@@ -222,13 +230,28 @@ class KVCacheManager:
             if self.tiers is not None:
                 # vLLM offers every full chunk to the offloading store, hits included
                 # (resident ones are skipped / refreshed).
-                self.tiers.write_down(req.block_hashes, 0, len(hb))
+                self.tiers.write_down(req.hashes(len(hb)), 0, len(hb))
         k = _cdiv(need_slots, self.block_size) - len(blocks)
         if k > 0:
             blocks.extend(pool.get_new_blocks(k))
         if self.enable_caching:
             self.cache_blocks(req, min(total_computed + num_new_tokens, req.num_tokens))
+        self._set_thresholds(req, blocks)
         return True
+
+    def _set_thresholds(self, req: Request, blocks: list[int]) -> None:
+        """The request's ``kv_cache_at`` (tokens that fill its first uncached block) and
+        ``kv_check_at`` (the first computed-token count that needs :meth:`allocate_slots`:
+        one past the slots held, or a newly full block to cache)."""
+        bs = self.block_size
+        slots = len(blocks) * bs + 1
+        if self.enable_caching:
+            cache_at = (self.num_cached_block[req.index] + 1) * bs
+            req.kv_cache_at = cache_at
+            req.kv_check_at = cache_at if cache_at < slots else slots
+        else:
+            req.kv_cache_at = _NEVER
+            req.kv_check_at = slots
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Register the request's full blocks up to ``num_tokens`` in the prefix cache."""
@@ -236,15 +259,19 @@ class KVCacheManager:
         done = self.num_cached_block.get(req.index)
         if done is None or num_full <= done:
             return
-        self.pool.cache_full_blocks(self.req_blocks[req.index], req.block_hashes, done, num_full)
+        hashes = req.hashes(num_full)
+        blocks = self.req_blocks[req.index]
+        self.pool.cache_full_blocks(blocks, hashes, done, num_full)
         self.num_cached_block[req.index] = num_full
+        self._set_thresholds(req, blocks)
         if self.tiers is not None:
-            self.tiers.write_down(req.block_hashes, done, num_full)
+            self.tiers.write_down(hashes, done, num_full)
 
     def free(self, req: Request) -> None:
         """Release a request's blocks tail-first so its last block is evicted first."""
         blocks = self.req_blocks.pop(req.index, None)
         self.num_cached_block.pop(req.index, None)
+        req.kv_check_at = req.kv_cache_at = 0  # no table: every call must look
         if blocks:
             blocks.reverse()
             self.pool.free_blocks(blocks)

@@ -1,15 +1,28 @@
 """Request state in vLLM V1 terms (``vllm/v1/request.py``).
 
-The engine knows every token id of a replayed request in advance (prompt ids from the
-workload, output ids from the workload or generated), so ``all_token_ids`` holds the whole
-final sequence and ``num_tokens`` says how much of it has been *reached* (prompt plus the
-outputs accepted so far). Block hashes are computed once for the whole sequence; only the
-first ``num_tokens // block_size`` of them are visible, exactly as vLLM's incremental
-request block hasher would have produced them by then.
+The engine knows every token id of a replayed request in advance: the prompt ids from the
+workload, the output ids from the workload or generated (:func:`synthetic_output_ids`). It
+keeps no copy of them: the request refers to its spec's prompt ids and its output ids (a
+``range`` when generated), and ``num_tokens`` says how much of the sequence has been
+*reached* (prompt plus the outputs accepted so far).
+
+Block hashes are vLLM's chained block hashes (``kv_cache_utils.hash_block_tokens``: each
+full block hashed with its parent's hash) and, as vLLM's request block hasher does, only
+full blocks of the tokens reached so far get one (``Request.block_hashes``). They are
+computed on demand, block by block, the first time the KV manager, a tier or the router
+needs them (a hash depends on the block's tokens and its parent alone, so when it is
+computed does not change its value), and dropped when the request finishes.
+
+Output token times are kept as runs of steps: each scheduler logs the time of every step
+it applies (:class:`TokenLog`), and a request records which contiguous runs of that log
+gave it a token; :attr:`Request.token_times_ns` reads them back.
 """
 
 from __future__ import annotations
 
+import itertools
+from array import array
+from collections.abc import Sequence
 from enum import IntEnum
 
 from engine.workload import RequestSpec
@@ -26,7 +39,15 @@ class RequestStatus(IntEnum):
     FINISHED = 3
 
 
-def chained_block_hashes(token_ids: tuple[int, ...] | list[int], block_size: int) -> list[int]:
+# The same states as plain module constants: hot loops compare against these (an enum
+# member lookup costs several times an int compare).
+WAITING = RequestStatus.WAITING
+RUNNING = RequestStatus.RUNNING
+PREEMPTED = RequestStatus.PREEMPTED
+FINISHED = RequestStatus.FINISHED
+
+
+def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Chained hash of every full block: ``h_i = H((h_{i-1}, tokens_i))``.
 
     Python's tuple hash over ints is deterministic across processes (no hash
@@ -40,11 +61,31 @@ def chained_block_hashes(token_ids: tuple[int, ...] | list[int], block_size: int
     return hashes
 
 
+def _synthetic_output_range(index: int, length: int) -> range:
+    base = -(index + 1) * 1_000_003
+    return range(base, base - length, -1)
+
+
 def synthetic_output_ids(index: int, length: int) -> tuple[int, ...]:
     """Output ids for a request whose workload gives none: unique per request, negative so
     they never collide with real vocabulary ids (and so never produce false prefix hits)."""
-    base = -(index + 1) * 1_000_003
-    return tuple(range(base, base - length, -1))
+    return tuple(_synthetic_output_range(index, length))
+
+
+# Each scheduler's token log gets a distinct base for its step numbers, so a step number
+# names one step of one scheduler and a request's run test is a single int compare.
+_LOG_BASES = itertools.count(1)
+_LOG_SPAN = 1 << 40
+
+
+class TokenLog:
+    """The time of every step one scheduler applied, in order (``array('q')``)."""
+
+    __slots__ = ("times", "base")
+
+    def __init__(self) -> None:
+        self.times = array("q")
+        self.base = next(_LOG_BASES) * _LOG_SPAN  # step k of this log is number base + k
 
 
 class Request:
@@ -56,8 +97,10 @@ class Request:
         "arrival_ns",
         "prompt_len",
         "max_tokens",
-        "all_token_ids",
-        "block_hashes",
+        "prompt_ids",
+        "output_ids",
+        "block_size",
+        "_block_hashes",
         "num_tokens",
         "num_computed_tokens",
         "num_output_placeholders",
@@ -68,34 +111,38 @@ class Request:
         "first_scheduled_ns",
         "first_token_ns",
         "finish_ns",
-        "token_times_ns",
         "prefix_hit_tokens",
         "recomputed_tokens",
+        "kv_check_at",
+        "kv_cache_at",
+        "tok_next",
+        "tok_open",
+        "tok_runs",
     )
 
     def __init__(self, spec: RequestSpec, index: int, block_size: int, hash_blocks: bool) -> None:
+        """``hash_blocks``: kept for the callers' signature; hashes are computed on demand,
+        only by the prefix cache, the tiers and the router, which need them."""
+        del hash_blocks
         self.request_id = spec.request_id
         self.index = index
         self.arrival_ns = int(spec.arrival_ns)
         self.prompt_len = spec.prompt_len
         self.max_tokens = int(spec.output_len)
-        out_ids = (
+        self.prompt_ids = spec.prompt_ids  # the spec's own sequence, never copied
+        self.output_ids: Sequence[int] = (
             spec.output_ids
             if spec.output_ids is not None and len(spec.output_ids) >= spec.output_len
-            else synthetic_output_ids(index, spec.output_len)
+            else _synthetic_output_range(index, spec.output_len)
         )
-        self.all_token_ids: tuple[int, ...] = tuple(spec.prompt_ids) + tuple(
-            out_ids[: spec.output_len]
-        )
-        self.block_hashes: list[int] = (
-            chained_block_hashes(self.all_token_ids, block_size) if hash_blocks else []
-        )
+        self.block_size = block_size
+        self._block_hashes: list[int] | None = None
         self.num_tokens = self.prompt_len  # prompt + outputs accepted so far
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0  # async scheduling: scheduled, not yet returned
         self.num_cached_tokens = -1  # set once, on first admission (vLLM semantics)
         self.num_preemptions = 0
-        self.status = RequestStatus.WAITING
+        self.status = WAITING
         # When the engine loop picked the request up (vLLM stamps EngineCoreEventType.QUEUED
         # in Scheduler.add_request, called from the busy loop's input-queue drain, i.e. at a
         # step boundary, not at network arrival); -1 until then.
@@ -103,20 +150,95 @@ class Request:
         self.first_scheduled_ns = -1
         self.first_token_ns = -1
         self.finish_ns = -1
-        self.token_times_ns: list[int] = []
         self.prefix_hit_tokens = 0  # summed over every admission (first and resumed)
         self.recomputed_tokens = 0  # tokens recomputed after preemption
+        # Owned by the KV manager (engine.kv_cache): the scheduler calls allocate_slots only
+        # once num_computed_tokens + new tokens reaches kv_check_at (a new block or a newly
+        # full block to cache), and the async output path caches once kv_cache_at is reached.
+        self.kv_check_at = 0
+        self.kv_cache_at = 0
+        # Token runs: the step number the next token continues the open run at, the open
+        # run (log, first step index) and the closed runs (log, first, end) in order.
+        self.tok_next = -1
+        self.tok_open: tuple[TokenLog, int, int] | None = None
+        self.tok_runs: list[tuple[TokenLog, int, int]] | None = None
 
+    # -- tokens and block hashes --------------------------------------------------------
+    def token_ids(self, start: int, end: int) -> tuple[int, ...]:
+        """Ids of positions ``[start, end)`` of the full sequence (prompt, then outputs)."""
+        p = self.prompt_len
+        if end <= p:
+            return tuple(self.prompt_ids[start:end])
+        if start >= p:
+            return tuple(self.output_ids[start - p : end - p])
+        return tuple(self.prompt_ids[start:]) + tuple(self.output_ids[: end - p])
+
+    def hashes(self, num_blocks: int) -> list[int]:
+        """The chained hashes of (at least) the first ``num_blocks`` full blocks; callers
+        ask only for blocks the tokens reached so far fill (vLLM hashes a block once it is
+        full: ``Request.update_block_hashes``)."""
+        h = self._block_hashes
+        if h is None:
+            h = self._block_hashes = []
+        n = len(h)
+        if n < num_blocks:
+            bs = self.block_size
+            parent = h[-1] if n else NONE_HASH
+            toks = self.token_ids(n * bs, num_blocks * bs)
+            for start in range(0, len(toks), bs):
+                parent = hash((parent, toks[start : start + bs]))
+                h.append(parent)
+        return h
+
+    @property
+    def block_hashes(self) -> list[int]:
+        """vLLM ``Request.block_hashes``: one hash per full block of the tokens reached."""
+        return self.hashes(self.num_tokens // self.block_size)
+
+    def release(self) -> None:
+        """Drop what only a live request needs (its block hashes); they are recomputed if
+        asked for again."""
+        self._block_hashes = None
+
+    # -- output token times ---------------------------------------------------------------
+    def open_run(self, log: TokenLog, step: int) -> None:
+        """This request's next token comes at ``step`` of ``log``, not right after its last."""
+        o = self.tok_open
+        if o is not None:
+            closed = (o[0], o[1], o[1] + self.tok_next - o[2])
+            if self.tok_runs is None:
+                self.tok_runs = [closed]
+            else:
+                self.tok_runs.append(closed)
+        self.tok_open = (log, step, log.base + step)
+
+    def token_runs(self) -> list[tuple[TokenLog, int, int]]:
+        """Every run of steps that gave this request a token: (log, first, end)."""
+        runs = list(self.tok_runs or ())
+        o = self.tok_open
+        if o is not None:
+            runs.append((o[0], o[1], o[1] + self.tok_next - o[2]))
+        return runs
+
+    @property
+    def token_times_ns(self) -> list[int]:
+        """The time of every output token accepted, the first included."""
+        out: list[int] = []
+        for log, a, b in self.token_runs():
+            out.extend(log.times[a:b])
+        return out
+
+    # -- derived state ------------------------------------------------------------------
     @property
     def num_output_tokens(self) -> int:
         return self.num_tokens - self.prompt_len
 
     @property
     def is_finished(self) -> bool:
-        return self.status == RequestStatus.FINISHED
+        return self.status == FINISHED
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (
             f"Request({self.request_id!r}, tokens={self.num_tokens}, "
-            f"computed={self.num_computed_tokens}, status={self.status.name})"
+            f"computed={self.num_computed_tokens}, status={RequestStatus(self.status).name})"
         )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from engine.batch import BatchShape
 from engine.kv_cache import KVCacheManager
-from engine.request import Request, RequestStatus
+from engine.request import FINISHED, PREEMPTED, RUNNING, Request, TokenLog
 
 
 @dataclass(slots=True)
@@ -70,6 +70,8 @@ class Scheduler:
         self._unqueued: list[Request] = []
         self.num_preemptions = 0
         self.num_finished = 0
+        # When each applied step ended: the requests' output token times index into it.
+        self.token_log = TokenLog()
 
     # -- queue management ------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -84,7 +86,7 @@ class Scheduler:
         """Recompute preemption: free blocks (they stay cached), reset progress, requeue
         at the front of ``waiting`` (vLLM ``_preempt_request``)."""
         self.kv.free(victim)
-        victim.status = RequestStatus.PREEMPTED
+        victim.status = PREEMPTED
         victim.num_computed_tokens = 0
         victim.num_output_placeholders = 0
         victim.num_preemptions += 1
@@ -105,46 +107,70 @@ class Scheduler:
         thr = self.threshold
         max_len_m1 = self.max_model_len - 1
         async_ = self.async_scheduling
+        one_in_flight = self.one_token_in_flight
         step = ScheduledStep()
-        reqs, ntoks = step.reqs, step.num_tokens
+        reqs, ntoks, samples = step.reqs, step.num_tokens, step.samples
         running = self.running
+        # The batch shape the latency model sees, accumulated entry by entry.
+        total = pc = kp = nd = dsum = dmin = dmax = 0
 
-        # Phase A: running requests, in admission order.
+        # Phase A: running requests, in admission order. Each scheduled entry is advanced
+        # at once (vLLM's _update_after_schedule runs after both phases, but nothing later
+        # in this schedule reads a scheduled running request's state).
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
+            i += 1
+            computed = req.num_computed_tokens
             ph = req.num_output_placeholders
             if ph > 0 and (
-                self.one_token_in_flight
-                or req.num_computed_tokens + 2 - ph >= req.prompt_len + req.max_tokens
+                one_in_flight or computed + 2 - ph >= req.prompt_len + req.max_tokens
             ):
-                i += 1  # async: certainly at max_tokens already (or PP: a token in flight)
-                continue
-            n = req.num_tokens + ph - req.num_computed_tokens
+                continue  # async: certainly at max_tokens already (or PP: a token in flight)
+            n = req.num_tokens + ph - computed
             if 0 < thr < n:
                 n = thr
             if n > budget:
                 n = budget
-            cap = max_len_m1 - req.num_computed_tokens
-            if n > cap:
-                n = cap
+            if n > max_len_m1 - computed:
+                n = max_len_m1 - computed
             if n <= 0:
-                i += 1
                 continue
-            scheduled = True
-            while not kv.allocate_slots(req, n):
-                victim = running.pop()  # FCFS: the most recently admitted
-                self._preempt(victim)
-                step.preempted.append(victim)
-                if victim is req:
-                    scheduled = False
+            after = computed + n
+            if after >= req.kv_check_at:  # below it allocate_slots would change nothing
+                scheduled = True
+                while not kv.allocate_slots(req, n):
+                    victim = running.pop()  # FCFS: the most recently admitted
+                    self._preempt(victim)
+                    step.preempted.append(victim)
+                    if victim is req:
+                        scheduled = False
+                        break
+                if not scheduled:
                     break
-            if not scheduled:
-                break
             reqs.append(req)
             ntoks.append(n)
             budget -= n
-            i += 1
+            total += n
+            if n > 1:
+                pc += n
+                kp += computed
+            else:
+                if nd == 0:
+                    dmin = dmax = computed
+                elif computed < dmin:
+                    dmin = computed
+                elif computed > dmax:
+                    dmax = computed
+                nd += 1
+                dsum += computed
+            req.num_computed_tokens = after
+            if after >= req.num_tokens + ph:
+                samples.append(True)
+                if async_:
+                    req.num_output_placeholders = ph + 1
+            else:
+                samples.append(False)
 
         # Phase B: admission, only in a step that preempted nobody.
         tiered = kv.tiers is not None
@@ -176,10 +202,9 @@ class Scheduler:
                 if tiered and looked_up:
                     kv.admit_external(req)
                 waiting.popleft()
-                resumed = req.status == RequestStatus.PREEMPTED
+                resumed = req.status == PREEMPTED
                 running.append(req)
-                req.status = RequestStatus.RUNNING
-                req.num_computed_tokens = computed
+                req.status = RUNNING
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = computed
                 if req.first_scheduled_ns < 0:
@@ -190,32 +215,29 @@ class Scheduler:
                 reqs.append(req)
                 ntoks.append(n)
                 budget -= n
+                # _update_after_schedule, as for the running entries above.
+                total += n
+                if n > 1:
+                    pc += n
+                    kp += computed
+                else:
+                    if nd == 0:
+                        dmin = dmax = computed
+                    elif computed < dmin:
+                        dmin = computed
+                    elif computed > dmax:
+                        dmax = computed
+                    nd += 1
+                    dsum += computed
+                after = computed + n
+                req.num_computed_tokens = after
+                if after >= req.num_tokens + req.num_output_placeholders:
+                    samples.append(True)
+                    if async_:
+                        req.num_output_placeholders += 1
+                else:
+                    samples.append(False)
 
-        # _update_after_schedule + the batch shape the latency model sees.
-        total = pc = kp = nd = dsum = 0
-        dmin = dmax = 0
-        samples = step.samples
-        for req, n in zip(reqs, ntoks, strict=True):
-            before = req.num_computed_tokens
-            total += n
-            if n > 1:
-                pc += n
-                kp += before
-            else:
-                if nd == 0:
-                    dmin = dmax = before
-                elif before < dmin:
-                    dmin = before
-                elif before > dmax:
-                    dmax = before
-                nd += 1
-                dsum += before
-            after = before + n
-            req.num_computed_tokens = after
-            sample = after >= req.num_tokens + req.num_output_placeholders
-            samples.append(sample)
-            if sample and async_:
-                req.num_output_placeholders += 1
         if tiered:
             # Lower-tier KV recalled for this step's admissions is on its critical path.
             step.extra_ns += kv.take_recall_ns()
@@ -232,27 +254,41 @@ class Scheduler:
         finished: list[Request] = []
         kv = self.kv
         async_ = self.async_scheduling
+        cache_async = async_ and kv.enable_caching
+        max_len = self.max_model_len
+        log = self.token_log
+        times = log.times
+        times.append(now_ns)
+        k = len(times) - 1  # this step's index in the log
+        g = log.base + k  # its step number (see engine.request.TokenLog)
         for req, sample in zip(step.reqs, step.samples, strict=True):
-            if req.status == RequestStatus.FINISHED:
+            if not sample or req.status == FINISHED:
                 continue
-            if not sample:
-                continue
-            if async_ and req.num_output_placeholders > 0:
-                req.num_output_placeholders -= 1
             # A request preempted after this step was scheduled keeps its token, as vLLM
             # appends the outputs of preempted-but-unfinished requests.
-            req.num_tokens += 1
-            req.token_times_ns.append(now_ns)
-            if req.first_token_ns < 0:
-                req.first_token_ns = now_ns
-            if async_ and kv.enable_caching and req.status == RequestStatus.RUNNING:
-                kv.cache_blocks(
-                    req, min(req.num_computed_tokens - req.num_output_placeholders, req.num_tokens)
-                )
-            if req.num_tokens - req.prompt_len >= req.max_tokens or req.num_tokens >= self.max_model_len:
-                req.status = RequestStatus.FINISHED
+            nt = req.num_tokens + 1
+            req.num_tokens = nt
+            if req.tok_next != g:  # not the step after its last token: a new run
+                req.open_run(log, k)
+                if req.first_token_ns < 0:
+                    req.first_token_ns = now_ns
+            req.tok_next = g + 1
+            if async_:
+                ph = req.num_output_placeholders
+                if ph > 0:
+                    ph -= 1
+                    req.num_output_placeholders = ph
+                if cache_async and req.status == RUNNING:
+                    upto = req.num_computed_tokens - ph
+                    if upto > nt:
+                        upto = nt
+                    if upto >= req.kv_cache_at:  # a block became full
+                        kv.cache_blocks(req, upto)
+            if nt - req.prompt_len >= req.max_tokens or nt >= max_len:
+                req.status = FINISHED
                 req.finish_ns = now_ns
                 kv.free(req)
+                req.release()
                 if req in self.running:
                     self.running.remove(req)
                 else:

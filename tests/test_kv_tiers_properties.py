@@ -116,7 +116,7 @@ def test_shared_tier_invariants(sc) -> None:
                 assert 0 <= h <= r.num_tokens - 1
                 if h:
                     assert any(
-                        o.all_token_ids[:h] == r.all_token_ids[:h]
+                        o.token_ids(0, h) == r.token_ids(0, h)
                         for o in seen
                         if o is not r or r.num_preemptions
                     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pandas as pd
 
 from engine.instance import StepLog
 from engine.memory import KVCapacity
-from engine.request import Request
+from engine.request import Request, TokenLog
 
 NS_PER_S = 1_000_000_000
 
@@ -71,26 +72,66 @@ class SimulationResult:
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
-    arrival = np.fromiter((r.arrival_ns for r in requests), np.int64, len(requests))
-    first_sched = np.fromiter((r.first_scheduled_ns for r in requests), np.int64, len(requests))
+    """One row per request, columns as ``analysis.metrics`` reads them.
+
+    ``token_times_ns`` holds one read-only int64 array per request. A request whose tokens
+    came at consecutive steps of one scheduler (nearly all) gets a view into a copy of that
+    scheduler's step-time log, so the column costs 8 bytes per step of each instance rather
+    than per token; an interrupted one (preempted, handed from prefill to decode, skipped a
+    step) gets its runs concatenated."""
+    n = len(requests)
+
+    def col(values: Iterable[int]) -> np.ndarray:
+        return np.fromiter(values, np.int64, n)
+
+    arrival = col(r.arrival_ns for r in requests)
+    first_sched = col(r.first_scheduled_ns for r in requests)
     return pd.DataFrame(
         {
             "request_id": [r.request_id for r in requests],
             "arrival_ns": arrival,
-            "queued_ns": np.fromiter((r.queued_ns for r in requests), np.int64, len(requests)),
+            "queued_ns": col(r.queued_ns for r in requests),
             "first_scheduled_ns": first_sched,
-            "first_token_ns": np.fromiter((r.first_token_ns for r in requests), np.int64),
-            "finish_ns": np.fromiter((r.finish_ns for r in requests), np.int64),
-            "prompt_len": np.fromiter((r.prompt_len for r in requests), np.int64),
-            "output_len": np.fromiter((r.num_output_tokens for r in requests), np.int64),
-            "num_preemptions": np.fromiter((r.num_preemptions for r in requests), np.int64),
-            "prefix_hit_tokens": np.fromiter((r.prefix_hit_tokens for r in requests), np.int64),
-            "cached_tokens": np.fromiter((max(r.num_cached_tokens, 0) for r in requests), np.int64),
-            "recomputed_tokens": np.fromiter((r.recomputed_tokens for r in requests), np.int64),
+            "first_token_ns": col(r.first_token_ns for r in requests),
+            "finish_ns": col(r.finish_ns for r in requests),
+            "prompt_len": col(r.prompt_len for r in requests),
+            "output_len": col(r.num_tokens - r.prompt_len for r in requests),
+            "num_preemptions": col(r.num_preemptions for r in requests),
+            "prefix_hit_tokens": col(r.prefix_hit_tokens for r in requests),
+            "cached_tokens": col(max(r.num_cached_tokens, 0) for r in requests),
+            "recomputed_tokens": col(r.recomputed_tokens for r in requests),
             "queueing_delay_ns": first_sched - arrival,
-            "token_times_ns": [r.token_times_ns for r in requests],
+            "token_times_ns": token_times_column(requests),
         }
     )
+
+
+def token_times_column(requests: list[Request]) -> np.ndarray:
+    """Every request's output token times (object array of read-only int64 arrays)."""
+    logs: dict[int, np.ndarray] = {}
+
+    def times(log: TokenLog) -> np.ndarray:
+        v = logs.get(id(log))
+        if v is None:
+            v = logs[id(log)] = np.array(log.times, dtype=np.int64)
+            v.flags.writeable = False
+        return v
+
+    empty = np.empty(0, dtype=np.int64)
+    empty.flags.writeable = False
+    out = np.empty(len(requests), dtype=object)
+    for i, r in enumerate(requests):
+        runs = r.token_runs()
+        if len(runs) == 1:
+            log, a, b = runs[0]
+            out[i] = times(log)[a:b]
+        elif not runs:
+            out[i] = empty
+        else:
+            t = np.concatenate([times(log)[a:b] for log, a, b in runs])
+            t.flags.writeable = False
+            out[i] = t
+    return out
 
 
 def timeseries_frame(logs: list[StepLog], start_ns: int) -> pd.DataFrame:

@@ -1,8 +1,14 @@
-"""Profile data: measured bundles, architectures, catalogs and latency models.
+"""Profile data, latency models and the assembly of deployments.
 
-Measured-profile side (``profiles.bundle``, ``profiles.architecture``, ``profiles.latency``):
-``load_bundle`` reads an LLMServingSim-layout bundle, ``ProfiledLatencyModel`` prices one
-engine step from it exactly as the reference simulator does.
+* Measured profiles: ``profiles.bundle`` reads an LLMServingSim-layout bundle,
+  ``profiles.architecture`` the layer rows of a model family, ``profiles.latency``'s
+  ``ProfiledLatencyModel`` prices one engine step on one rank exactly as the reference does.
+* ``profiles.roofline``: generated bundles where no measured one exists.
+* ``profiles.parallel``: an instance's layout, its collectives, DP padding and P/D hand-off.
+* ``profiles.placement``: weights streamed from host DRAM / CXL every step.
+* ``profiles.catalog``: the model and hardware catalogs.
+* ``profiles.deployment``: the typed deployment description and its one assembly into the
+  engine's ``engine.deployment.Deployment``.
 """
 
 from profiles.architecture import Architecture, ArchitectureError, load_architecture

@@ -1,13 +1,17 @@
-"""Synthetic workloads: Poisson / gamma arrivals, length distributions, seeded token ids.
+"""Synthetic workloads: Poisson / gamma / constant arrivals, in stages or not, length
+distributions, seeded token ids.
 
-Arrivals follow ``vllm bench serve``: gaps are Gamma(shape = burstiness,
-scale = 1 / (rate * burstiness)), so ``burstiness = 1`` is a Poisson process and the
-coefficient of variation of the gaps is ``1 / sqrt(burstiness)``. The first request arrives
-one gap after t = 0; every gap is truncated to integer ns before accumulating. For
-``burstiness == 1`` the gaps are drawn exactly as the reference ShareGPT generator draws
-them (numpy's legacy ``RandomState(seed).exponential``), so ``rate = 10, seed = 42`` with
-300 requests reproduces the arrival times of the shared ``sharegpt-*-300-sps10`` workloads
-to the nanosecond. ``rate = inf`` puts every arrival at 0 (vLLM's default burst).
+Arrivals follow ``vllm bench serve`` (:mod:`workloads.arrivals`, their one definition): gaps
+are Gamma(shape = burstiness, scale = 1 / (rate * burstiness)), so ``burstiness = 1`` is a
+Poisson process and the coefficient of variation of the gaps is ``1 / sqrt(burstiness)``.
+The first request arrives one gap after t = 0; every gap is truncated to integer ns before
+accumulating. For ``burstiness == 1`` the gaps are drawn exactly as the reference ShareGPT
+generator draws them (numpy's legacy ``RandomState(seed).exponential``), so ``rate = 10,
+seed = 42`` with 300 requests reproduces the arrival times of the shared
+``sharegpt-*-300-sps10`` workloads to the nanosecond. ``rate = inf`` puts every arrival at 0
+(vLLM's default burst). ``synthetic`` takes a rate and a burstiness; ``synthetic_requests``
+takes any ``workloads.arrivals.Load`` (load stages, constant arrivals) and fills it the same
+way.
 
 Input lengths, output lengths, prompt ids and prefix groups each use their own
 ``numpy.random.default_rng`` stream derived from the seed, so changing one length
@@ -30,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from engine.workload import RequestSpec
+from workloads.arrivals import Load, gap_arrivals
 from workloads.errors import WorkloadError
 from workloads.limits import (
     MAX_TOKEN_ID,
@@ -39,7 +44,6 @@ from workloads.limits import (
     check_max_model_len_arg,
 )
 
-NS_PER_S = 1_000_000_000
 DEFAULT_VOCAB_SIZE = 32_000
 
 # Log-space fits to the shared ShareGPT replay workloads (see ``LengthDist`` below).
@@ -186,22 +190,7 @@ def _arrivals(
             raise WorkloadError("rate=inf needs num_requests (a duration makes no sense)")
         return np.zeros(num_requests, dtype=np.int64)
     rs = np.random.RandomState(seed)
-
-    def gaps(n: int) -> np.ndarray:
-        if burstiness == 1.0:
-            g = rs.exponential(1.0 / rate, n)
-        else:
-            g = rs.gamma(burstiness, 1.0 / (rate * burstiness), n)
-        return (g * NS_PER_S).astype(np.int64)  # truncate each gap, like the reference
-
-    if num_requests is not None:
-        return np.cumsum(gaps(num_requests))
-    horizon = int(duration_s * NS_PER_S)
-    chunk = max(64, int(rate * duration_s * 1.2) + 16)
-    out = np.cumsum(gaps(chunk))
-    while out[-1] <= horizon:
-        out = np.concatenate([out, out[-1] + np.cumsum(gaps(chunk))])
-    return out[out <= horizon]
+    return gap_arrivals(rs, rate, burstiness, num_requests, duration_s)
 
 
 def _number(name: str, value: Any, allow_inf: bool = False) -> float:
@@ -279,6 +268,73 @@ def synthetic(
                 f"shortest lengths drawn); lower the rate or the duration, {raise_hint}"
             )
     burstiness = _number("burstiness", burstiness)
+    seed, shared_prefix_len, num_prefix_groups, vocab_size = _content_args(
+        seed, shared_prefix_len, num_prefix_groups, vocab_size, budget
+    )
+    arrivals = _arrivals(rate, burstiness, seed, num_requests, duration_s)
+    if len(arrivals) == 0:
+        raise WorkloadError(
+            f"synthetic: no arrival within duration_s={duration_s} at rate={rate}; "
+            "raise the duration or the rate"
+        )
+    return _fill(arrivals, in_dist, out_dist, seed, shared_prefix_len, num_prefix_groups,
+                 vocab_size, id_prefix, max_model_len, budget, raise_hint)
+
+
+def synthetic_requests(
+    load: Load,
+    input_len: LengthDist | int | str | dict[str, Any] = "sharegpt",
+    output_len: LengthDist | int | str | dict[str, Any] = "sharegpt",
+    seed: int = 0,
+    shared_prefix_len: int = 0,
+    num_prefix_groups: int = 1,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    id_prefix: str = "",
+    *,
+    max_model_len: int | None = None,
+    max_total_tokens: int | None = None,
+) -> list[RequestSpec]:
+    """``synthetic`` with any arrival process: a ``workloads.arrivals.Load`` (stages,
+    ``constant`` arrivals). For a Poisson or gamma load without stages the requests are
+    those of ``synthetic`` with ``burstiness = load.burstiness``, id for id."""
+    check_max_model_len_arg(max_model_len, "synthetic")
+    check_budget_arg(max_total_tokens, "synthetic")
+    budget = MAX_TOTAL_TOKENS if max_total_tokens is None else max_total_tokens
+    raise_hint = (
+        "or pass synthetic_requests(..., max_total_tokens=N) if the run really needs that many"
+    )
+    in_dist = LengthDist.parse(input_len, "input_len")
+    out_dist = LengthDist.parse(output_len, "output_len")
+    max_requests = max(1, budget // (in_dist.min_len("input") + out_dist.min_len("output")))
+    check_load_fits(load, max_requests, budget, "synthetic", raise_hint)
+    seed, shared_prefix_len, num_prefix_groups, vocab_size = _content_args(
+        seed, shared_prefix_len, num_prefix_groups, vocab_size, budget
+    )
+    arrivals = load.times(seed)
+    if len(arrivals) == 0:
+        raise WorkloadError(
+            f"synthetic: the load draws no arrival ({load.expected_requests():.3g} expected); "
+            "raise the duration or the rate"
+        )
+    return _fill(arrivals, in_dist, out_dist, seed, shared_prefix_len, num_prefix_groups,
+                 vocab_size, id_prefix, max_model_len, budget, raise_hint)
+
+
+def check_load_fits(load: Load, max_requests: int, budget: int, who: str, hint: str) -> None:
+    """Refuse, before any arrival is drawn, a load whose expected request count exceeds the
+    ``max_requests`` the token budget holds."""
+    expected = load.expected_requests()
+    if expected > max_requests:
+        raise WorkloadError(
+            f"{who}: the load's {expected:.4g} expected requests cannot fit the token budget "
+            f"{budget} (at most {max_requests} requests of the shortest lengths); use fewer "
+            f"requests, a lower rate or shorter stages, {hint}"
+        )
+
+
+def _content_args(
+    seed: Any, shared_prefix_len: Any, num_prefix_groups: Any, vocab_size: Any, budget: int
+) -> tuple[int, int, int, int]:
     seed = _integer("seed", seed, 0, 2**32 - 1)
     shared_prefix_len = _integer("shared_prefix_len", shared_prefix_len, 0, MAX_TOKENS_PER_FIELD)
     num_prefix_groups = _integer("num_prefix_groups", num_prefix_groups, 1, budget)
@@ -289,14 +345,24 @@ def synthetic(
             f"token budget {budget}; use fewer groups or shorter prefixes"
         )
     vocab_size = _integer("vocab_size", vocab_size, 2, MAX_TOKEN_ID + 1)
+    return seed, shared_prefix_len, num_prefix_groups, vocab_size
 
-    arrivals = _arrivals(rate, burstiness, seed, num_requests, duration_s)
+
+def _fill(
+    arrivals: np.ndarray,
+    in_dist: LengthDist,
+    out_dist: LengthDist,
+    seed: int,
+    shared_prefix_len: int,
+    num_prefix_groups: int,
+    vocab_size: int,
+    id_prefix: str,
+    max_model_len: int | None,
+    budget: int,
+    raise_hint: str,
+) -> list[RequestSpec]:
+    """Lengths and prompt ids for the given arrivals (each its own seeded stream)."""
     n = len(arrivals)
-    if n == 0:
-        raise WorkloadError(
-            f"synthetic: no arrival within duration_s={duration_s} at rate={rate}; "
-            "raise the duration or the rate"
-        )
     in_rng, out_rng, ids_rng, group_rng = (np.random.default_rng([seed, k]) for k in range(1, 5))
     in_lens = in_dist.sample(in_rng, n, "input")
     out_lens = out_dist.sample(out_rng, n, "output")

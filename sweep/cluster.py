@@ -27,6 +27,7 @@ catalog entry). Errors name the ``cluster.`` / ``hardware.`` key.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from astra_bridge import CommBackend
@@ -63,9 +64,15 @@ def gpus_per_point(cl: Any) -> int:
 
 def comm_backend(cl: Any) -> CommBackend:
     """The point's collective backend; a bad value names ``cluster.comm_backend`` or
-    ``cluster.astra_sim_binary``."""
+    ``cluster.astra_sim_binary``. A relative binary path is taken from the directory the sweep
+    started in (a bare name is looked up on ``PATH``)."""
+    from sweep.validate import resolve_path  # sweep.validate imports this module
+
+    binary = cl.astra_sim_binary
+    if binary is not None and ("/" in str(binary) or str(binary).startswith("~")):
+        binary = str(resolve_path(str(Path(str(binary)).expanduser())))
     try:
-        return CommBackend(str(cl.comm_backend), cl.astra_sim_binary)
+        return CommBackend(str(cl.comm_backend), binary)
     except SettingError as err:
         raise err.named(PREFIX) from None
 
@@ -117,8 +124,9 @@ def check_shape(cl: Any, model: ModelSpec) -> None:
 def bundle_source(bundle: Any, resolve: Any = None) -> BundleSource:
     """``hardware.bundle`` as a bundle source (``resolve`` makes its root absolute)."""
     root = str(resolve(bundle.root)) if resolve and bundle.root else bundle.root
-    if bundle.source == "roofline":
-        return BundleSource(generate="always", variant=bundle.variant, cache=root)
+    if bundle.source in ("roofline", "aiconfigurator"):
+        return BundleSource(generate="always", generator=bundle.source, variant=bundle.variant,
+                            cache=root)
     return BundleSource(root=root, generate="never", variant=bundle.variant)
 
 
@@ -179,17 +187,21 @@ def point_plan(
     return DeploymentPlan(tuple(instances), router=str(cl.router), comm_backend=comm_backend(cl))
 
 
+def deployment_plan(cfg: Any) -> DeploymentPlan:
+    """The deployment plan of the composed point ``cfg``: its ``cluster`` group on
+    ``hardware`` with ``model`` and the ``hardware.bundle`` profiles (no bundle loaded yet)."""
+    from sweep.validate import resolve_path
+
+    model = load_model(cfg.model.name)
+    hardware = load_hardware(cfg.hardware.name)
+    return point_plan(cfg.cluster, model, hardware, engine_config(cfg.cluster, model),
+                      bundle_source(cfg.hardware.bundle, resolve_path))
+
+
 def build_deployment(cfg: Any) -> Deployment:
-    """The assembled deployment of the composed point ``cfg``: its ``cluster`` group on
-    ``hardware`` with ``model`` and the ``hardware.bundle`` profiles.
+    """The assembled deployment of the composed point ``cfg`` (:func:`deployment_plan`).
 
     Raises ``ConfigError`` naming the key for a bad value, ``InfeasibleError`` (a
     ``ConfigError``) when the model does not fit an instance's memory, ``BundleError`` for a
     missing or damaged bundle."""
-    from sweep.validate import resolve_path  # sweep.validate imports this module
-
-    model = load_model(cfg.model.name)
-    hardware = load_hardware(cfg.hardware.name)
-    plan = point_plan(cfg.cluster, model, hardware, engine_config(cfg.cluster, model),
-                      bundle_source(cfg.hardware.bundle, resolve_path))
-    return assemble(plan)
+    return assemble(deployment_plan(cfg))

@@ -120,6 +120,7 @@ def reference_plan(
     roofline_fallback: bool = True,
     comm_backend: CommBackend | None = None,
     router: str = "least_loaded",
+    bundle: BundleSource | None = None,
 ) -> DeploymentPlan:
     """The deployment a reference cluster config describes (see the module docstring).
 
@@ -131,7 +132,9 @@ def reference_plan(
     (:class:`profiles.parallel.dp_pad.VllmDpPad`; dense DP ranks are independent engines);
     ``roofline_fallback`` a generated bundle where no measured one exists (see module docstring);
     ``comm_backend`` the collective backend (default: the embedded analytical model);
-    ``router`` the policy spreading requests over the instances."""
+    ``router`` the policy spreading requests over the instances; ``bundle`` where every
+    instance's profile bundle comes from (default: ``profiles_root``, with the roofline
+    fallback when ``roofline_fallback``)."""
     base = base or EngineConfig()
     storage = (prefix_storage or "none").lower()
     if storage not in ("none", "cpu", "cxl"):
@@ -139,8 +142,9 @@ def reference_plan(
     if storage == "cxl" and cluster.cxl_mem is None:
         raise ConfigError("prefix_storage='CXL' needs a cxl_mem block in the cluster config")
     mc = Path(model_configs) if model_configs else None
-    bundle = BundleSource(root=str(profiles_root),
-                          generate="fallback" if roofline_fallback else "never")
+    if bundle is None:
+        bundle = BundleSource(root=str(profiles_root),
+                              generate="fallback" if roofline_fallback else "never")
     notes: list[str] = []
     all_insts = cluster.instances
     out: list[InstancePlan] = []

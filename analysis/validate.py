@@ -24,14 +24,19 @@ from typing import Any
 
 from analysis.groundtruth import GroundTruth, RecordedEngine, load_groundtruth, recorded_engine
 from analysis.metrics import VALIDATION_METRICS, compare, compute_metrics, format_comparison
-from analysis.scenario import build_reference_cluster
+from analysis.scenario import reference_plan
 from engine.deployment import Deployment
 from engine.memory import kv_capacity
 from engine.results import SimulationResult
 from engine.simulate import simulate_cluster
 from engine.specs import GIB, ConfigError, EngineConfig, ModelSpec
 from profiles.catalog import model_from_hf_config
+from profiles.deployment import BundleSource, assemble, resolve_bundle
 from workloads import read_jsonl
+
+#: ``--profiles`` value selecting bundles derived from aiconfigurator-core's tables
+#: (``profiles.aiconfigurator``) instead of a measured-bundle root.
+AICONFIGURATOR = "aiconfigurator"
 
 
 @dataclass(slots=True)
@@ -71,8 +76,11 @@ def run_validation(
     reference_dp: bool = False,
 ) -> ValidationRun:
     """Replay ``truth`` with ``base`` engine settings (the run's recorded ones on top) and
-    compare. ``reference_dp`` prices DP rounds as the reference does (see
-    ``analysis.scenario.build_reference_cluster``) instead of as vLLM runs them."""
+    compare. ``profiles`` is a measured-bundle root, or ``"aiconfigurator"`` for bundles
+    derived from aiconfigurator-core's vLLM tables (``profiles.aiconfigurator``; the report's
+    ``bundle_sources`` names each instance's source). ``reference_dp`` prices DP rounds as the
+    reference does (see ``analysis.scenario.build_reference_cluster``) instead of as vLLM runs
+    them."""
     gt = load_groundtruth(truth)
     recorded = recorded_engine(gt, base)
     config = recorded.config
@@ -80,18 +88,26 @@ def run_validation(
     if model_config:
         name = gt.cluster.instances[0].model_name
         models[name] = model_from_hf_config(model_config, name=name)
+    derived = str(profiles) == AICONFIGURATOR
     # Models missing from the catalog: the HF configs beside the profiles in the reference
     # data layout (<data>/profiles, <data>/configs/model/<org>/<name>.json).
-    configs = Path(profiles).parent / "configs" / "model"
-    build = build_reference_cluster(
+    configs = None if derived else Path(profiles).parent / "configs" / "model"
+    plan = reference_plan(
         gt.cluster,
         profiles,
         base=config,
         models=models,
-        model_configs=configs if configs.is_dir() else None,
+        model_configs=configs if configs is not None and configs.is_dir() else None,
         roofline_fallback=False,  # validate the profiles given, never a generated stand-in
         reference_dp=reference_dp,
+        bundle=BundleSource(generate="always", generator=AICONFIGURATOR) if derived else None,
     )
+    build = assemble(plan)
+    sources = {
+        inst.name: resolve_bundle(inst.bundle, inst.hardware, inst.model,
+                                  inst.config.tensor_parallel_size, inst.config.kv_cache_dtype)[0].source
+        for inst in plan.instances
+    }
     _check_parallelism(gt, recorded, build)
     limit = gt.meta.get("num_requests")
     requests = read_jsonl(workload, limit=int(limit) if limit else None)
@@ -159,6 +175,7 @@ def run_validation(
         },
         "time_anchor": "queued (vLLM queued_ts / servesweep queued_ns)",
         "reference_dp": reference_dp,
+        "bundle_sources": sources,
         "notes": list(build.notes),
     }
     title = f"vLLM vs servesweep - {Path(truth).parent.name}/{Path(truth).name}"
@@ -168,7 +185,12 @@ def run_validation(
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--truth", required=True, help="ground-truth folder (config.json + vllm/)")
     p.add_argument("--workload", required=True, help="the replayed workload JSONL")
-    p.add_argument("--profiles", required=True, help="profile bundle root (<hw>/<org>/<model>/<variant>)")
+    p.add_argument(
+        "--profiles",
+        required=True,
+        help="profile bundle root (<hw>/<org>/<model>/<variant>), or 'aiconfigurator' for "
+        "bundles derived from aiconfigurator-core's vLLM tables (extra [aiconfigurator])",
+    )
     p.add_argument("--json", dest="json_out", help="write the report here")
     p.add_argument("--model-config", help="HF config.json when the model is not in the catalog")
     p.add_argument(
@@ -196,6 +218,8 @@ def main(args: argparse.Namespace) -> int:
         args.truth, args.workload, args.profiles, model_config=args.model_config, base=base,
         reference_dp=args.reference_dp,
     )
+    for name, source in run.report["bundle_sources"].items():
+        print(f"profiles: {name}: {source}")
     for note in run.report["notes"]:
         print(f"note: {note}")
     for line in run.kv_lines:

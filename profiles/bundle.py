@@ -213,6 +213,17 @@ class ProfileBundle:
     max_num_batched_tokens: int | None  # meta engine_effective (profiled range)
     max_num_seqs: int | None
 
+    @property
+    def source(self) -> str:
+        """Where this bundle's latencies come from: a generator's ``source`` in meta.yaml
+        (``aiconfigurator 0.12.0 h100_sxm``), ``roofline`` for a roofline bundle, else
+        ``measured bundle <path>`` (a profiler's measurements)."""
+        if self.meta.get("source"):
+            return str(self.meta["source"])
+        if self.meta.get("generator") == "servesweep.profiles.roofline":
+            return "roofline"
+        return f"measured bundle {self.path}"
+
     def tables(self, tp: int) -> TpTables:
         """Tables of one TP degree, or :class:`BundleError` listing the profiled degrees."""
         try:

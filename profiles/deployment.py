@@ -34,6 +34,7 @@ from engine.deployment import ROLES, Deployment, InstanceSpec
 from engine.kv_tiers import SharedTierPools, chunk_tokens_for
 from engine.memory import kv_capacity
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
+from profiles.aiconfigurator import ensure_bundle as aiconfigurator_bundle
 from profiles.bundle import BundleError, ProfileBundle, load_bundle, variant_name
 from profiles.catalog import list_hardware
 from profiles.parallel.dp_pad import dp_pad_for
@@ -44,6 +45,7 @@ from profiles.placement import WeightPlacement
 from profiles.roofline import ensure_bundle
 
 BUNDLE_MODES = ("never", "always", "fallback")
+GENERATORS = ("roofline", "aiconfigurator")
 DP_PADDINGS = ("vllm", "reference")
 
 
@@ -55,17 +57,22 @@ class BundleSource:
     bundle, cached under ``cache``, default ``profiles.roofline.cache_dir()``) or
     ``"fallback"`` (the measured one, else a roofline bundle when the hardware has peak
     figures in the catalog, with a note). ``variant`` defaults to the model's dtype / KV-cache
-    dtype variant (``profiles.bundle.variant_name``).
+    dtype variant (``profiles.bundle.variant_name``). ``generator`` says what an ``"always"``
+    bundle is generated from: ``"roofline"`` or ``"aiconfigurator"`` (NVIDIA's measured vLLM
+    operator tables, ``profiles.aiconfigurator``, cached under the same root).
     """
 
     root: str | None = None
     generate: str = "never"
     variant: str | None = None
     cache: str | None = None
+    generator: str = "roofline"
 
     def __post_init__(self) -> None:
         if self.generate not in BUNDLE_MODES:
             raise ConfigError(f"bundle generate={self.generate!r}; use one of {BUNDLE_MODES}")
+        if self.generator not in GENERATORS:
+            raise ConfigError(f"bundle generator={self.generator!r}; use one of {GENERATORS}")
         if self.generate != "always" and not self.root:
             raise ConfigError("bundle root: required unless the bundle is generated (roofline)")
 
@@ -165,6 +172,9 @@ def resolve_bundle(src: BundleSource, hardware: HardwareSpec, model: ModelSpec, 
     stands in for a missing measured one."""
     variant = src.variant or variant_name(model.dtype, kv_cache_dtype)
     cache = Path(src.cache) if src.cache else None
+    if src.generate == "always" and src.generator == "aiconfigurator":
+        vdir = aiconfigurator_bundle(hardware, model, tp, variant=variant, cache=cache)
+        return load_bundle(vdir), None
     if src.generate == "always":
         return load_bundle(ensure_bundle(hardware, model, tp, variant=variant, cache=cache)), None
     assert src.root is not None
@@ -186,6 +196,18 @@ def resolve_bundle(src: BundleSource, hardware: HardwareSpec, model: ModelSpec, 
         f"priced with a generated roofline bundle ({vdir}; error vs measured bundles: "
         "docs/roofline.md)"
     )
+
+
+def bundle_sources(plan: DeploymentPlan) -> dict[str, str]:
+    """Where each instance's step latencies come from, by instance name: its bundle's
+    ``ProfileBundle.source`` (``measured bundle <path>``, ``aiconfigurator <version>
+    <system>`` or ``roofline``). Bundles are loaded from the loader's cache."""
+    out = {}
+    for inst in plan.instances:
+        bundle, _ = resolve_bundle(inst.bundle, inst.hardware, inst.model,
+                                   inst.config.tensor_parallel_size, inst.config.kv_cache_dtype)
+        out[inst.name] = bundle.source
+    return out
 
 
 _LATENCY_MEMO = 64

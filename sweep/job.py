@@ -26,7 +26,8 @@ from engine.deployment import Deployment
 from engine.simulate import simulate_deployment
 from engine.specs import GIB
 from profiles.catalog import load_hardware, load_model
-from sweep.cluster import build_deployment, gpus_per_point
+from profiles.deployment import bundle_sources
+from sweep.cluster import build_deployment, deployment_plan, gpus_per_point
 from sweep.validate import check_config, resolve_path
 from workloads.config import build as build_requests
 
@@ -48,6 +49,13 @@ def point_cluster_of(cfg: DictConfig) -> Deployment:
     """The deployment of the point ``cfg`` describes (``sweep.cluster.build_deployment``; its
     latency models are shared across points, its prefix-cache pools are fresh)."""
     return build_deployment(cfg)
+
+
+def point_bundle_source(cfg: DictConfig) -> str:
+    """Where the point's step latencies come from: ``measured bundle <path>``,
+    ``aiconfigurator <version> <system>`` or ``roofline`` (``ProfileBundle.source``; the
+    distinct sources of its instances joined by ``; ``)."""
+    return "; ".join(sorted(set(bundle_sources(deployment_plan(cfg)).values())))
 
 
 def warn_beyond_profiled_range(pc: Deployment) -> list[str]:
@@ -116,7 +124,8 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     ``metrics`` maps names to floats: the answers of ``analysis.answers.point_answers``
     (analysis metrics, the SLO verdict ``slo_met`` with the observed statistics, goodput,
     cost) and the engine's (KV usage, preemptions, prefix hit rate, simulated makespan, wall
-    times); ``params`` are the SLO bounds as params (``slo.ttft_ms_p99.bound``);
+    times); ``params`` are the SLO bounds as params (``slo.ttft_ms_p99.bound``) and
+    ``bundle_source``, where the step latencies came from (``point_bundle_source``);
     ``slo_margins`` each bound's log(observed / bound); ``timeseries`` maps the per-second
     columns to lists; ``requests_parquet`` is the per-request frame as Parquet.
     """
@@ -134,9 +143,11 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     metrics = dict(answers.metrics)
     metrics.update(_engine_metrics(result, requests))
     metrics["job_wall_s"] = time.perf_counter() - t0
+    params = dict(answers.params)
+    params["bundle_source"] = point_bundle_source(cfg)
     return {
         "metrics": metrics,
-        "params": answers.params,
+        "params": params,
         "slo_margins": answers.slo.margins,
         "timeseries": {c: result.timeseries[c].tolist() for c in result.timeseries.columns},
         "requests_parquet": _parquet_bytes(requests),

@@ -261,6 +261,10 @@ class SweepRecorder:
             metrics, nonfinite = finite_metrics(value["metrics"])
             value["metrics"] = metrics
             row.update(metrics)
+            # The job's own params (SLO bounds, the bundle source): in the row and the run.
+            job_params = {str(k): v for k, v in (value.get("params") or {}).items()}
+            params.update(job_params)
+            row.update(job_params)
         elif not infeasible:
             row["error"] = _error_text(value)
         files, disk_error = self._write_job_files(out_dir, point, value if ok else None, row)

@@ -56,7 +56,8 @@ def test_run_point_answers_come_from_the_one_ledger(small_cfg, small_result):
     assert small_result["params"] == {"slo.ttft_ms_p99.bound": 2000.0,
                                       "slo.tpot_ms_p99.bound": 100.0,
                                       "slo.goodput.ttft_ms.bound": 2000.0,
-                                      "slo.goodput.tpot_ms.bound": 100.0}
+                                      "slo.goodput.tpot_ms.bound": 100.0,
+                                      "bundle_source": "roofline"}
     assert m["slo_met"] == 1.0 and m["ttft_ms_p99"] <= 2000
     assert m["usd_per_m_output_tokens"] == pytest.approx(
         m["usd_per_hour"] / (m["good_output_tok_s"] * 3600) * 1e6)

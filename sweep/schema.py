@@ -97,15 +97,33 @@ CLUSTER_ENGINE_KEYS = tuple(name for name, _, _ in _engine_fields())
 
 
 @dataclass
-class WorkloadConf:
-    """Requests to replay: a synthetic generator or a trace file (reference JSONL).
+class StageConf:
+    """One load stage: ``rate`` req/s (0: idle) for ``duration_s`` seconds."""
 
-    Synthetic: ``rate`` req/s with ``arrival`` ``poisson`` or ``gamma`` (``cv`` = coefficient
-    of variation of the gaps), exactly one of ``num_requests`` / ``duration_s``, prompt and
-    output lengths (a distribution name such as ``sharegpt``, an int, or a mapping, see
-    ``workloads.LengthDist``), prompts sharing one of ``num_prefix_groups`` prefixes of
-    ``shared_prefix_len`` tokens, ``seed``. Trace: ``path`` to a JSONL file, optionally the
-    first ``limit`` requests.
+    rate: float = MISSING
+    duration_s: float = MISSING
+
+
+@dataclass
+class WorkloadConf:
+    """Requests to replay: a generator or a trace (docs/sweep.md, "Workloads").
+
+    ``kind``: ``synthetic``, ``shared_prefix`` (inference-perf), ``vllm_random`` and
+    ``prefix_repetition`` (``vllm bench serve``'s datasets) or ``trace``. Every generator
+    takes a load: ``rate`` req/s with ``arrival`` ``poisson``, ``gamma`` (``cv`` = coefficient
+    of variation of the gaps) or ``constant``, and exactly one of ``num_requests``,
+    ``duration_s`` or ``stages`` (``[{rate, duration_s}, ...]``, ``workloads.Load``).
+    Synthetic: prompt and output lengths (a distribution name such as ``sharegpt``, an int, or
+    a mapping, see ``workloads.LengthDist``), prompts sharing one of ``num_prefix_groups``
+    prefixes of ``shared_prefix_len`` tokens. shared_prefix: ``num_groups``,
+    ``num_prompts_per_group``, ``system_prompt_len``, ``question_len``, ``output_len``,
+    ``shuffle``. vllm_random: ``input_len``, ``output_len``, ``range_ratio``, ``prefix_len``,
+    ``num_special_tokens``. prefix_repetition: ``prefix_len``, ``suffix_len``,
+    ``num_prefixes``, ``output_len``, ``shuffle``. Trace: ``path`` in ``format`` ``jsonl``
+    (the reference replay format), ``azure``, ``burstgpt`` (with ``models``) or ``mooncake``
+    (with ``hash_block_size``); the first ``limit`` requests, the window ``start_s`` /
+    ``duration_s`` of the trace's clock, replayed at ``time_scale`` / ``rate_scale``.
+    ``seed`` seeds the generators and the router.
     """
 
     kind: str = "synthetic"
@@ -121,6 +139,23 @@ class WorkloadConf:
     seed: int = 0
     path: str | None = None
     limit: int | None = None
+    stages: list[StageConf] = field(default_factory=list)
+    num_groups: int = 10
+    num_prompts_per_group: int = 10
+    system_prompt_len: int = 100
+    question_len: int = 50
+    shuffle: bool = True
+    range_ratio: float = 0.0
+    prefix_len: int = 0
+    num_special_tokens: int = 0
+    suffix_len: int = 256
+    num_prefixes: int = 10
+    format: str = "jsonl"
+    start_s: float = 0.0
+    time_scale: float = 1.0
+    rate_scale: float = 1.0
+    models: list[str] = field(default_factory=list)
+    hash_block_size: int = 512
 
 
 @dataclass

@@ -25,11 +25,11 @@ from profiles.catalog import list_hardware, list_models, load_hardware, load_mod
 from sweep.cluster import check_shape
 from sweep.settings import engine_config
 from sweep.store_check import TrackingError, check_store
-from workloads import LengthDist, WorkloadError
+from workloads import ARRIVALS, LengthDist, WorkloadError
+from workloads.config import FORMAT_KEYS, FORMATS, KIND_KEYS, KINDS
 
 BUNDLE_SOURCES = ("roofline", "dir")
-WORKLOAD_KINDS = ("synthetic", "trace")
-ARRIVALS = ("poisson", "gamma")
+WORKLOAD_KINDS = KINDS
 SEED_LIMIT = 2**32  # numpy's legacy RandomState (Poisson arrivals) takes 32-bit seeds
 
 
@@ -91,36 +91,126 @@ def check_cluster(cfg: DictConfig) -> None:
 
 
 def check_workload(cfg: DictConfig) -> None:
+    """The workload's kind, the keys it reads (a key set for a kind that ignores it is
+    refused), its load or trace file and scaling, and its kind's own values."""
     wl = cfg.workload
     if wl.kind not in WORKLOAD_KINDS:
         raise _fail("workload.kind", wl.kind, f"one of {list(WORKLOAD_KINDS)}")
+    if not 0 <= wl.seed < SEED_LIMIT:
+        raise _fail("workload.seed", wl.seed, f"an integer in 0..{SEED_LIMIT - 1}")
+    if wl.kind == "trace" and wl.format not in FORMATS:
+        raise _fail("workload.format", wl.format, f"one of {list(FORMATS)}")
+    _check_keys_apply(wl)
     if wl.kind == "trace":
-        if not wl.path or not resolve_path(wl.path).is_file():
-            raise _fail("workload.path", wl.path, "an existing JSONL trace file")
-        _positive("workload.limit", wl.limit, allow_none=True, integer=True)
+        _check_trace(wl)
+        return
+    _check_load(wl)
+    if wl.kind == "synthetic":
+        if wl.shared_prefix_len < 0:
+            raise _fail("workload.shared_prefix_len", wl.shared_prefix_len, "an integer >= 0")
+        _positive("workload.num_prefix_groups", wl.num_prefix_groups, integer=True)
+        for key in ("input_len", "output_len"):
+            length_dist(wl, key)
+        return
+    counts = {
+        "shared_prefix": {"num_groups": 1, "num_prompts_per_group": 1, "system_prompt_len": 0,
+                          "question_len": 0, "output_len": 1},
+        "vllm_random": {"input_len": 0, "output_len": 1, "prefix_len": 0,
+                        "num_special_tokens": 0},
+        "prefix_repetition": {"prefix_len": 0, "suffix_len": 0, "num_prefixes": 1,
+                              "output_len": 1},
+    }[wl.kind]
+    for key, low in counts.items():
+        value = wl[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise _fail(f"workload.{key}", value,
+                        f"an integer >= {low} (workload.kind={wl.kind} takes a fixed length)")
+    if wl.kind == "vllm_random":
+        if not 0 <= wl.range_ratio < 1:
+            raise _fail("workload.range_ratio", wl.range_ratio, "a number in [0, 1) (vLLM's)")
+        if wl.num_special_tokens > 16:
+            raise _fail("workload.num_special_tokens", wl.num_special_tokens,
+                        "0..16 (what the tokenizer adds: 1 for Llama 3's BOS, 0 for Qwen3)")
+
+
+def _check_keys_apply(wl: DictConfig) -> None:
+    """A key the kind (or trace format) does not read must keep its schema default; trace
+    configs may carry the synthetic defaults' load keys (composed on top of them)."""
+    from sweep.schema import WorkloadConf
+
+    reads = {"kind", "seed", *KIND_KEYS[wl.kind]}
+    tolerated: set[str] = set()
+    if wl.kind == "trace":
+        reads -= set().union(*FORMAT_KEYS.values()) - set(FORMAT_KEYS[wl.format])
+        tolerated = {"rate", "arrival", "cv", "num_requests"}
+    defaults = WorkloadConf()
+    for key in wl:
+        if key in reads or key in tolerated or not hasattr(defaults, key):
+            continue
+        value = wl[key]
+        plain = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) \
+            else value
+        default = getattr(defaults, key)
+        if plain == default:
+            continue
+        if wl.kind == "trace" and key in KIND_KEYS["trace"]:
+            where = f"workload.format={wl.format}"
+            readers = "format " + ", ".join(f for f, keys in FORMAT_KEYS.items() if key in keys)
+        else:
+            where = f"workload.kind={wl.kind}"
+            readers = "kind " + ", ".join(k for k, keys in KIND_KEYS.items() if key in keys)
+        raise _fail(f"workload.{key}", plain,
+                    f"its default {default!r} with {where}, which does not read it (read by "
+                    f"{readers}); remove it or change the {where.split('.')[1].split('=')[0]}")
+
+
+def _check_load(wl: DictConfig) -> None:
+    """When a generator's requests arrive: ``rate`` with one of ``num_requests`` /
+    ``duration_s``, or ``stages``."""
+    if wl.arrival not in ARRIVALS:
+        raise _fail("workload.arrival", wl.arrival, f"one of {list(ARRIVALS)}")
+    _positive("workload.cv", wl.cv)
+    if wl.stages:
+        for key in ("num_requests", "duration_s"):
+            if wl[key] is not None:
+                raise _fail(f"workload.{key}", wl[key],
+                            "null with workload.stages (the stages set the request count)")
+        for i, stage in enumerate(wl.stages):
+            if not (math.isfinite(stage.rate) and stage.rate >= 0):
+                raise _fail(f"workload.stages[{i}].rate", stage.rate, "a finite number >= 0")
+            if not (math.isfinite(stage.duration_s) and stage.duration_s > 0):
+                raise _fail(f"workload.stages[{i}].duration_s", stage.duration_s,
+                            "a finite number of seconds > 0")
+        if not any(stage.rate > 0 for stage in wl.stages):
+            raise _fail("workload.stages", OmegaConf.to_container(wl.stages),
+                        "at least one stage with rate > 0")
         return
     # rate = inf: every request arrives at t = 0 (a burst), which needs a request count
     _positive("workload.rate", wl.rate, allow_inf=True)
     if math.isinf(wl.rate) and wl.duration_s is not None:
         raise _fail("workload.rate", wl.rate,
                     "a finite number > 0 with workload.duration_s (inf needs num_requests)")
-    if wl.arrival not in ARRIVALS:
-        raise _fail("workload.arrival", wl.arrival, f"one of {list(ARRIVALS)}")
-    _positive("workload.cv", wl.cv)
     if wl.num_requests is None and wl.duration_s is None:
-        raise _fail("workload.num_requests", None, "an integer > 0 (or set workload.duration_s)")
+        raise _fail("workload.num_requests", None,
+                    "an integer > 0 (or set workload.duration_s or workload.stages)")
     _positive("workload.num_requests", wl.num_requests, allow_none=True, integer=True)
     _positive("workload.duration_s", wl.duration_s, allow_none=True)
     if wl.num_requests is not None and wl.duration_s is not None:
         raise _fail("workload.duration_s", wl.duration_s,
                     "null when workload.num_requests is set (give exactly one of the two)")
-    if wl.shared_prefix_len < 0:
-        raise _fail("workload.shared_prefix_len", wl.shared_prefix_len, "an integer >= 0")
-    _positive("workload.num_prefix_groups", wl.num_prefix_groups, integer=True)
-    if not 0 <= wl.seed < SEED_LIMIT:
-        raise _fail("workload.seed", wl.seed, f"an integer in 0..{SEED_LIMIT - 1}")
-    for key in ("input_len", "output_len"):
-        length_dist(wl, key)
+
+
+def _check_trace(wl: DictConfig) -> None:
+    if not wl.path or not resolve_path(wl.path).is_file():
+        raise _fail("workload.path", wl.path, f"an existing {wl.format} trace file")
+    _positive("workload.limit", wl.limit, allow_none=True, integer=True)
+    if not (math.isfinite(wl.start_s) and wl.start_s >= 0):
+        raise _fail("workload.start_s", wl.start_s, "a finite number of trace seconds >= 0")
+    _positive("workload.duration_s", wl.duration_s, allow_none=True)
+    for key in ("time_scale", "rate_scale"):
+        _positive(f"workload.{key}", wl[key])
+    if wl.format == "mooncake":
+        _positive("workload.hash_block_size", wl.hash_block_size, integer=True)
 
 
 def length_dist(wl: DictConfig, key: str) -> LengthDist:

@@ -33,7 +33,8 @@ PUBLISHED = {
 def test_list_models_and_hardware():
     assert list_models() == sorted(PUBLISHED)
     assert list_hardware() == sorted(
-        ["H100-SXM", "H200", "A100-80G", "B200", "L40S", "RTXPRO6000", "RTX4090"]
+        ["H100-SXM", "H200", "A100-80G", "B200", "B300", "GB200", "GB300", "L40S", "RTXPRO6000",
+         "RTX4090"]
     )
 
 
@@ -71,7 +72,7 @@ def test_hardware_fields_sane():
     for name in list_hardware():
         hw = load_hardware(name)
         assert isinstance(hw, HardwareSpec)
-        assert 20 < hw.mem_gib < 200
+        assert 20 < hw.mem_gib < 300  # B300 / GB300: 288 GB of HBM3e
         assert hw.hbm_bw_gbs > 500
         assert hw.peak_bf16_tflops > 100
         assert hw.peak_fp8_tflops in (0, pytest.approx(2 * hw.peak_bf16_tflops, rel=0.02))

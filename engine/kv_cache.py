@@ -192,9 +192,10 @@ class KVCacheManager:
         pool cannot supply them. Registers newly full blocks in the prefix cache at once
         (schedule time), as vLLM does.
 
-        A running request needs a call only when ``num_computed_tokens + num_new_tokens``
-        reaches its ``kv_check_at`` (set here): below it no block is allocated and none
-        becomes full, so the call would change nothing and return True."""
+        For a running request the call changes something only when
+        ``num_computed_tokens + num_new_tokens`` exceeds its ``kv_slots`` or, capped at
+        ``num_tokens``, reaches its ``kv_cache_at`` (both set here); otherwise it would
+        return True and change nothing, so the scheduler skips it."""
         if not hit_blocks and not num_new_computed_tokens:
             blocks = self.req_blocks.get(req.index)
             if blocks is not None:  # running request: no new hits possible
@@ -209,7 +210,8 @@ class KVCacheManager:
                 if self.enable_caching:
                     upto = need_slots if need_slots < req.num_tokens else req.num_tokens
                     if upto // self.block_size > self.num_cached_block[req.index]:
-                        self.cache_blocks(req, upto)
+                        self.cache_blocks(req, upto)  # sets the thresholds
+                        return True
                 self._set_thresholds(req, blocks)
                 return True
         hb = hit_blocks or []
@@ -240,18 +242,19 @@ class KVCacheManager:
         return True
 
     def _set_thresholds(self, req: Request, blocks: list[int]) -> None:
-        """The request's ``kv_cache_at`` (tokens that fill its first uncached block) and
-        ``kv_check_at`` (the first computed-token count that needs :meth:`allocate_slots`:
-        one past the slots held, or a newly full block to cache)."""
+        """The request's ``kv_slots`` (slots its blocks hold), ``kv_cache_at`` (tokens that
+        fill its first uncached block) and ``kv_check_at`` (the smaller of ``kv_slots + 1``
+        and ``kv_cache_at``: below it :meth:`allocate_slots` changes nothing)."""
         bs = self.block_size
-        slots = len(blocks) * bs + 1
+        slots = len(blocks) * bs
+        req.kv_slots = slots
         if self.enable_caching:
             cache_at = (self.num_cached_block[req.index] + 1) * bs
             req.kv_cache_at = cache_at
-            req.kv_check_at = cache_at if cache_at < slots else slots
+            req.kv_check_at = cache_at if cache_at <= slots else slots + 1
         else:
             req.kv_cache_at = _NEVER
-            req.kv_check_at = slots
+            req.kv_check_at = slots + 1
 
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Register the request's full blocks up to ``num_tokens`` in the prefix cache."""
@@ -271,7 +274,7 @@ class KVCacheManager:
         """Release a request's blocks tail-first so its last block is evicted first."""
         blocks = self.req_blocks.pop(req.index, None)
         self.num_cached_block.pop(req.index, None)
-        req.kv_check_at = req.kv_cache_at = 0  # no table: every call must look
+        req.kv_check_at = req.kv_slots = req.kv_cache_at = 0  # no table: every call must look
         if blocks:
             blocks.reverse()
             self.pool.free_blocks(blocks)

@@ -25,6 +25,8 @@ from array import array
 from collections.abc import Sequence
 from enum import IntEnum
 
+import numpy as np
+
 from engine.workload import RequestSpec
 
 # The parent hash of block 0 (vLLM's NONE_HASH). Any fixed value works: hashes only need
@@ -47,17 +49,34 @@ PREEMPTED = RequestStatus.PREEMPTED
 FINISHED = RequestStatus.FINISHED
 
 
-def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained hash of every full block: ``h_i = H((h_{i-1}, tokens_i))``.
+def _int64_bytes(ids: Sequence[int]) -> bytes:
+    """``ids`` as little-endian int64 bytes (ids are range-checked to int64 by the readers)."""
+    if isinstance(ids, range):
+        return np.arange(ids.start, ids.stop, ids.step, dtype="<i8").tobytes()
+    return np.asarray(ids, dtype="<i8").tobytes()
 
-    Python's tuple hash over ints is deterministic across processes (no hash
-    randomisation for ints/tuples), which keeps simulations reproducible.
+
+def _hash_blocks(parent: int, ids: bytes, block_size: int, out: list[int]) -> None:
+    """Append the chained hash of each full block of ``ids`` (int64 bytes) to ``out``.
+
+    vLLM's ``hash_block_tokens`` hashes ``(parent_block_hash, tuple(block_token_ids),
+    extra_keys)``; here the block's ids enter as one integer (its int64 bytes read as a
+    signed number), which is equal for equal blocks and far cheaper to build than a tuple
+    of Python ints. Python's int and tuple hashes are deterministic across processes (no
+    hash randomisation), which keeps simulations reproducible.
     """
+    width = 8 * block_size
+    from_bytes = int.from_bytes
+    for start in range(0, len(ids) - width + 1, width):
+        parent = hash((parent, from_bytes(ids[start : start + width], "little", signed=True)))
+        out.append(parent)
+
+
+def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """The chained hash of every full block of ``token_ids``: ``h_i = H((h_{i-1}, block_i))``
+    (the hashes a request with these ids carries once they are all reached)."""
     hashes: list[int] = []
-    parent = NONE_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start : start + block_size])))
-        hashes.append(parent)
+    _hash_blocks(NONE_HASH, _int64_bytes(token_ids), block_size, hashes)
     return hashes
 
 
@@ -96,11 +115,13 @@ class Request:
         "index",
         "arrival_ns",
         "prompt_len",
-        "max_tokens",
+        "_max_tokens",
+        "finish_at",
         "prompt_ids",
         "output_ids",
         "block_size",
         "_block_hashes",
+        "_ids",
         "num_tokens",
         "num_computed_tokens",
         "num_output_placeholders",
@@ -114,6 +135,7 @@ class Request:
         "prefix_hit_tokens",
         "recomputed_tokens",
         "kv_check_at",
+        "kv_slots",
         "kv_cache_at",
         "tok_next",
         "tok_open",
@@ -128,15 +150,18 @@ class Request:
         self.index = index
         self.arrival_ns = int(spec.arrival_ns)
         self.prompt_len = spec.prompt_len
-        self.max_tokens = int(spec.output_len)
+        self._max_tokens = int(spec.output_len)
+        self.finish_at = self.prompt_len + self._max_tokens  # num_tokens at max_tokens
         self.prompt_ids = spec.prompt_ids  # the spec's own sequence, never copied
-        self.output_ids: Sequence[int] = (
-            spec.output_ids
-            if spec.output_ids is not None and len(spec.output_ids) >= spec.output_len
-            else _synthetic_output_range(index, spec.output_len)
-        )
+        out = spec.output_ids
+        if out is None or len(out) < spec.output_len:
+            out = _synthetic_output_range(index, spec.output_len)
+        elif len(out) > spec.output_len:
+            out = out[: spec.output_len]
+        self.output_ids: Sequence[int] = out
         self.block_size = block_size
         self._block_hashes: list[int] | None = None
+        self._ids: bytes | None = None  # the ids as int64 bytes, built when first hashed
         self.num_tokens = self.prompt_len  # prompt + outputs accepted so far
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0  # async scheduling: scheduled, not yet returned
@@ -152,16 +177,30 @@ class Request:
         self.finish_ns = -1
         self.prefix_hit_tokens = 0  # summed over every admission (first and resumed)
         self.recomputed_tokens = 0  # tokens recomputed after preemption
-        # Owned by the KV manager (engine.kv_cache): the scheduler calls allocate_slots only
-        # once num_computed_tokens + new tokens reaches kv_check_at (a new block or a newly
-        # full block to cache), and the async output path caches once kv_cache_at is reached.
+        # Owned by the KV manager (engine.kv_cache, _set_thresholds): the slots the block
+        # table holds and the token count that fills the first uncached block; the scheduler
+        # calls allocate_slots only past them (kv_check_at: the smaller bound), the async
+        # output path caches once kv_cache_at is reached. vLLM keeps this state in the
+        # manager's per-request dicts (single_type_kv_cache_manager.py: req_to_blocks,
+        # num_cached_block); on the request it costs the hot loop no dict lookup.
         self.kv_check_at = 0
+        self.kv_slots = 0
         self.kv_cache_at = 0
         # Token runs: the step number the next token continues the open run at, the open
         # run (log, first step index) and the closed runs (log, first, end) in order.
         self.tok_next = -1
         self.tok_open: tuple[TokenLog, int, int] | None = None
         self.tok_runs: list[tuple[TokenLog, int, int]] | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        """vLLM ``SamplingParams.max_tokens``: outputs after which the request finishes."""
+        return self._max_tokens
+
+    @max_tokens.setter
+    def max_tokens(self, value: int) -> None:
+        self._max_tokens = value
+        self.finish_at = self.prompt_len + value
 
     # -- tokens and block hashes --------------------------------------------------------
     def token_ids(self, start: int, end: int) -> tuple[int, ...]:
@@ -182,12 +221,11 @@ class Request:
             h = self._block_hashes = []
         n = len(h)
         if n < num_blocks:
-            bs = self.block_size
-            parent = h[-1] if n else NONE_HASH
-            toks = self.token_ids(n * bs, num_blocks * bs)
-            for start in range(0, len(toks), bs):
-                parent = hash((parent, toks[start : start + bs]))
-                h.append(parent)
+            ids = self._ids
+            if ids is None:  # the whole sequence once, as int64 bytes, while the request lives
+                ids = self._ids = _int64_bytes(self.prompt_ids) + _int64_bytes(self.output_ids)
+            w = 8 * self.block_size
+            _hash_blocks(h[-1] if n else NONE_HASH, ids[n * w : num_blocks * w], self.block_size, h)
         return h
 
     @property
@@ -196,9 +234,10 @@ class Request:
         return self.hashes(self.num_tokens // self.block_size)
 
     def release(self) -> None:
-        """Drop what only a live request needs (its block hashes); they are recomputed if
-        asked for again."""
+        """Drop what only a live request needs (its block hashes and id bytes); they are
+        recomputed if asked for again."""
         self._block_hashes = None
+        self._ids = None
 
     # -- output token times ---------------------------------------------------------------
     def open_run(self, log: TokenLog, step: int) -> None:

@@ -114,20 +114,20 @@ class Scheduler:
         # The batch shape the latency model sees, accumulated entry by entry.
         total = pc = kp = nd = dsum = dmin = dmax = 0
 
-        # Phase A: running requests, in admission order. Each scheduled entry is advanced
+        # Phase A: running requests, in admission order (a for loop over ``running`` sees
+        # the list shrink when preemption pops its tail). Each scheduled entry is advanced
         # at once (vLLM's _update_after_schedule runs after both phases, but nothing later
         # in this schedule reads a scheduled running request's state).
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
-            i += 1
+        add_req, add_n, add_sample = reqs.append, ntoks.append, samples.append
+        for req in running:
+            if budget <= 0:
+                break
             computed = req.num_computed_tokens
             ph = req.num_output_placeholders
-            if ph > 0 and (
-                one_in_flight or computed + 2 - ph >= req.prompt_len + req.max_tokens
-            ):
+            if ph > 0 and (one_in_flight or computed + 2 - ph >= req.finish_at):
                 continue  # async: certainly at max_tokens already (or PP: a token in flight)
-            n = req.num_tokens + ph - computed
+            num_tokens = req.num_tokens
+            n = num_tokens + ph - computed
             if 0 < thr < n:
                 n = thr
             if n > budget:
@@ -137,7 +137,12 @@ class Scheduler:
             if n <= 0:
                 continue
             after = computed + n
-            if after >= req.kv_check_at:  # below it allocate_slots would change nothing
+            # allocate_slots changes something only past the slots held or when a block
+            # becomes full (kv_check_at is the smaller of the two bounds: one compare).
+            if after >= req.kv_check_at and (
+                after > req.kv_slots
+                or (after if after < num_tokens else num_tokens) >= req.kv_cache_at
+            ):
                 scheduled = True
                 while not kv.allocate_slots(req, n):
                     victim = running.pop()  # FCFS: the most recently admitted
@@ -148,8 +153,8 @@ class Scheduler:
                         break
                 if not scheduled:
                     break
-            reqs.append(req)
-            ntoks.append(n)
+            add_req(req)
+            add_n(n)
             budget -= n
             total += n
             if n > 1:
@@ -165,12 +170,12 @@ class Scheduler:
                 nd += 1
                 dsum += computed
             req.num_computed_tokens = after
-            if after >= req.num_tokens + ph:
-                samples.append(True)
+            if after >= num_tokens + ph:
+                add_sample(True)
                 if async_:
                     req.num_output_placeholders = ph + 1
             else:
-                samples.append(False)
+                add_sample(False)
 
         # Phase B: admission, only in a step that preempted nobody.
         tiered = kv.tiers is not None
@@ -261,8 +266,9 @@ class Scheduler:
         times.append(now_ns)
         k = len(times) - 1  # this step's index in the log
         g = log.base + k  # its step number (see engine.request.TokenLog)
+        fin, run = FINISHED, RUNNING
         for req, sample in zip(step.reqs, step.samples, strict=True):
-            if not sample or req.status == FINISHED:
+            if not sample or req.status == fin:
                 continue
             # A request preempted after this step was scheduled keeps its token, as vLLM
             # appends the outputs of preempted-but-unfinished requests.
@@ -278,14 +284,14 @@ class Scheduler:
                 if ph > 0:
                     ph -= 1
                     req.num_output_placeholders = ph
-                if cache_async and req.status == RUNNING:
+                if cache_async and req.status == run:
                     upto = req.num_computed_tokens - ph
                     if upto > nt:
                         upto = nt
                     if upto >= req.kv_cache_at:  # a block became full
                         kv.cache_blocks(req, upto)
-            if nt - req.prompt_len >= req.max_tokens or nt >= max_len:
-                req.status = FINISHED
+            if nt >= req.finish_at or nt >= max_len:  # max_tokens reached, or max_model_len
+                req.status = fin
                 req.finish_ns = now_ns
                 kv.free(req)
                 req.release()

@@ -40,6 +40,7 @@ class Case:
     expect: str  # text the message must contain (the key or file name)
     trace: list[str] | None = None  # lines of a trace file to write as trace.jsonl
     bundle_damage: str | None = None  # "nan" | "negative": a copied bundle with a bad cell
+    expected: str = "refused up front"
 
 
 def _line(**kw: object) -> str:
@@ -66,13 +67,14 @@ CASES = [
     Case("router unknown", ["cluster.router=sideways"], "cluster.router"),
     Case("num_instances 0", ["cluster.num_instances=0"], "num_instances"),
     Case("prefix_storage disk", ["cluster.prefix_storage=disk"], "prefix_storage"),
-    Case("max_model_len 100 (infeasible)", ["cluster.max_model_len=100"], "max_model_len"),
-    Case("model does not fit (infeasible)", ["hardware=rtx4090", "model=llama3_70b"], "does not fit"),
+    Case("max_model_len 100 (infeasible)", ["cluster.max_model_len=100"], "max_model_len", expected="infeasible"),
+    Case("model does not fit (infeasible)", ["hardware=rtx4090", "model=llama3_70b"], "does not fit", expected="infeasible"),
     # workload settings
     Case("rate 0", ["workload.rate=0"], "workload.rate"),
     Case("rate -1", ["workload.rate=-1"], "workload.rate"),
     Case("rate nan", ["workload.rate=nan"], "workload.rate"),
-    Case("rate inf", ["workload.rate=inf"], "workload.rate"),
+    # vllm bench serve's --request-rate inf: every request at t = 0 (a valid burst)
+    Case("rate inf (all at once)", ["workload.rate=inf"], "", expected="accepted"),
     Case("num_requests 0", ["workload.num_requests=0"], "num_requests"),
     Case("num_requests 10^12", ["workload.num_requests=1000000000000"], "num_requests"),
     Case("seed -1", ["workload.seed=-1"], "workload.seed"),
@@ -91,7 +93,8 @@ CASES = [
     Case("trace: string count", TRACE, "trace.jsonl:1", trace=[_line(output_toks="five")]),
     Case("trace: ids length mismatch", TRACE, "trace.jsonl:1", trace=[_line(input_tok_ids=[1, 2])]),
     Case("trace: request longer than max_model_len (infeasible)",
-         [*TRACE, "cluster.max_model_len=16"], "max_model_len", trace=[_line(input_toks=40)]),
+         [*TRACE, "cluster.max_model_len=16"], "max_model_len", trace=[_line(input_toks=40)],
+         expected="infeasible"),
     # hardware, model, bundle
     Case("hardware name unknown", ["hardware.name=NOPE9000"], "hardware.name"),
     Case("model name unknown", ["model.name=nobody/none"], "model.name"),
@@ -160,7 +163,7 @@ def run_case(case: Case, timeout_s: float) -> dict[str, object]:
     ray_started = "actors ready" in text or "Starting Ray" in text
     if "Traceback" in text and not error_files:
         outcome = "traceback"
-    elif code == 0 and ("infeasible" in text):
+    elif code == 0 and "is infeasible, recorded without running" in text:
         outcome = "infeasible"
     elif code == 0:
         outcome = "accepted"
@@ -170,7 +173,8 @@ def run_case(case: Case, timeout_s: float) -> dict[str, object]:
         outcome = "refused at run time"
     named = case.expect in text or any(case.expect in e for e in error_files)
     lines = [ln for ln in text.splitlines() if ln.strip() and "WARNING" not in ln]
-    return {"case": case.name, "outcome": outcome, "named": named, "exit": code,
+    return {"case": case.name, "outcome": outcome, "expected": case.expected,
+            "named": named, "exit": code,
             "wall_s": round(wall, 1), "message": (lines[-1] if lines else "")[:300]}
 
 
@@ -184,12 +188,15 @@ def main() -> None:
     width = max(len(r["case"]) for r in rows)
     for r in rows:
         flag = "" if r["named"] else "  (message does not name it)"
+        if r["outcome"] != r["expected"]:
+            flag += f"  (expected: {r['expected']})"
         print(f"{r['case']:<{width}}  {r['outcome']:<20} exit={r['exit']!s:<4} {r['wall_s']:>5} s{flag}")
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     print(f"\n{len(rows)} inputs: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-          + f"; {sum(not r['named'] for r in rows)} without the key or file in the message")
+          + f"; {sum(not r['named'] for r in rows)} without the key or file in the message"
+          + f"; {sum(r['outcome'] != r['expected'] for r in rows)} not as expected")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

@@ -10,7 +10,8 @@ before it simulates. It
   shares them pays once, and the actors then load the generated bundle from its cache): a
   damaged file raises ``ConfigError`` with ``file:line``;
 * decides whether the valid point can run on its hardware at all: the model must fit each
-  instance's memory (``engine.memory.kv_capacity``) and every request must fit
+  instance's memory (the deployment's assembly computes each instance's KV capacity and
+  raises ``InfeasibleError``) and every request must fit
   ``max_model_len``. A point that cannot is *infeasible*, a capacity answer: ``preflight``
   returns the reason instead of raising, and the point is recorded as infeasible, never run.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from engine.memory import kv_capacity
 from engine.specs import ConfigError, InfeasibleError
 from profiles.bundle import BundleError
 from workloads import WorkloadError
@@ -33,15 +33,10 @@ def preflight(cfg: DictConfig) -> str | None:
 
     check_config(cfg)
     model = job.model_spec(cfg.model.name)
-    try:
+    try:  # the one assembly: KV capacity of every instance computed once, here
         pc = job.point_cluster_of(cfg)
     except BundleError as err:
         raise ConfigError(f"hardware.bundle: {err}") from None
-    except InfeasibleError as err:
-        return str(err)
-    try:
-        for inst in pc.instances:
-            kv_capacity(inst.model, inst.hardware, inst.config)
     except InfeasibleError as err:
         return str(err)
     try:

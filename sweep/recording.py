@@ -69,12 +69,12 @@ class RecordingCallback(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not self._active():
             return
+        from hydra_plugins.ray_actor_launcher.launcher import task_view
         from sweep.preflight import preflight
-        from sweep.recorder import task_config
 
         idx = int(config.hydra.job.num)
         self._jobs += 1
-        view = OmegaConf.create(task_config(config))
+        view = task_view(config)
         try:
             infeasible = preflight(view)
         except Exception as err:  # an invalid point: stop here, recording what ran

@@ -15,6 +15,7 @@ has. SIGTERM is handled like Ctrl-C: the recorder closes its runs as ``KILLED``.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import signal
@@ -29,7 +30,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from hydra_plugins.ray_actor_launcher.hooks import Recorder, load_attr
 from hydra_plugins.ray_actor_launcher.ray_cluster import ClusterLost
@@ -153,7 +154,7 @@ class RayActorLauncher(Launcher):
         infeasible: dict[int, str] = {}
         for idx, cfg in jobs:
             try:
-                reason = validate(_task_view(cfg))
+                reason = validate(task_view(cfg))
             except Exception as err:
                 overrides = " ".join(filter_overrides(list(cfg.hydra.overrides.task)))
                 problems.setdefault(str(err), []).append(f"#{idx} ({overrides})")
@@ -194,17 +195,27 @@ class RayActorLauncher(Launcher):
         never run."""
         import ray
 
-        from hydra_plugins.ray_actor_launcher._actor import JobFailure, JobRunner
+        from hydra_plugins.ray_actor_launcher._actor import JobRunner
         from hydra_plugins.ray_actor_launcher._pool import ActorSet
         from hydra_plugins.ray_actor_launcher._progress import Progress
 
         t_start = time.monotonic()
+        configs = dict(jobs)
+        progress = Progress(len(jobs), bool(self.params.progress))
+        if len(infeasible) == len(jobs):  # nothing can run: record it all without Ray
+            try:
+                if starting is not None:
+                    starting.wait()
+                self._drive(jobs, job_overrides, initial_job_idx, recorder, results, infeasible,
+                            configs, progress, None, None)
+            finally:
+                progress.close()
+            return
         self._ensure_ray(ray)
         actor_options = dict(OmegaConf.to_container(self.params.actor_options, resolve=True))
         actor_options.setdefault("max_concurrency", 1)
         remote_cls = ray.remote(JobRunner).options(**actor_options)
         actors: list[Any] = []
-        progress = None
         try:
             size = self._pool_size(ray, actor_options, len(jobs))
             preload = tuple(self.params.preload or ())
@@ -228,29 +239,55 @@ class RayActorLauncher(Launcher):
             def submit(actor: Any, item: tuple[int, DictConfig]) -> Any:
                 return actor.run.remote(item[0], ctx_ref, item[1], fn_ref, state_ref, state_key)
 
-            progress = Progress(len(jobs), bool(self.params.progress))
-            configs = dict(jobs)
             pool.health = self._cluster_health(ray)
-            waiting = list(jobs)
-            while waiting:
-                decisions = self._acquire(waiting, recorder)
-                for idx, _ in waiting:
-                    if decisions[idx][0] == "run" and idx in infeasible:
-                        decisions[idx] = ("done", {"status": "infeasible",
-                                                   "reason": infeasible[idx]})
-                reused = [idx for idx, _ in waiting if decisions[idx][0] == "done"]
-                for idx in reused:
-                    ret = JobReturn(status=JobStatus.COMPLETED, _return_value=decisions[idx][1])
-                    ret.overrides = list(job_overrides[idx - initial_job_idx])
-                    results[idx] = ret
-                    assert recorder is not None
+            self._drive(jobs, job_overrides, initial_job_idx, recorder, results, infeasible,
+                        configs, progress, pool, submit)
+            actors = pool.actors
+            log.info(f"{len(jobs)} jobs done in {time.monotonic() - t_jobs:.1f} s on {size} actors"
+                     + (f" ({pool.replaced} replaced, {pool.retried} jobs retried)"
+                        if pool.replaced else ""))
+        finally:
+            progress.close()
+            self._stop_ray(ray, actors)
+
+    def _drive(
+        self,
+        jobs: list[tuple[int, DictConfig]],
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+        recorder: Recorder | None,
+        results: dict[int, JobReturn],
+        infeasible: dict[int, str],
+        configs: dict[int, DictConfig],
+        progress: Any,
+        pool: Any,
+        submit: Callable[[Any, Any], Any] | None,
+    ) -> None:
+        """Decide every job (run / reuse a stored result / wait for another sweep), record
+        the reused and infeasible ones, run the rest on ``pool`` and record each result."""
+        from hydra_plugins.ray_actor_launcher._actor import JobFailure
+
+        waiting = list(jobs)
+        while waiting:
+            decisions = self._acquire(waiting, recorder)
+            for idx, _ in waiting:
+                if decisions[idx][0] == "run" and idx in infeasible:
+                    decisions[idx] = ("done", {"status": "infeasible", "reason": infeasible[idx]})
+            reused = [idx for idx, _ in waiting if decisions[idx][0] == "done"]
+            for idx in reused:
+                ret = JobReturn(status=JobStatus.COMPLETED, _return_value=decisions[idx][1])
+                ret.overrides = list(job_overrides[idx - initial_job_idx])
+                results[idx] = ret
+                if recorder is not None:
                     recorder.job_done(idx, configs[idx], ret)
-                    progress.update(False)
-                todo = [(idx, (idx, cfg)) for idx, cfg in waiting if decisions[idx][0] == "run"]
-                waiting = [(idx, cfg) for idx, cfg in waiting if decisions[idx][0] == "wait"]
-                if reused or waiting:
-                    log.info(f"{len(reused)} jobs already have a finished result, {len(waiting)} "
-                             f"are being run by another sweep; running {len(todo)}")
+                progress.update(False)
+            todo = [(idx, (idx, cfg)) for idx, cfg in waiting if decisions[idx][0] == "run"]
+            waiting = [(idx, cfg) for idx, cfg in waiting if decisions[idx][0] == "wait"]
+            if reused or waiting:
+                log.info(f"{len(reused)} jobs already have a finished result (or are infeasible), "
+                         f"{len(waiting)} are being run by another sweep; running {len(todo)}")
+            if todo:
+                assert pool is not None and submit is not None
                 for out in pool.run(todo, submit):
                     if out.error is None:
                         _, ret = out.value
@@ -262,19 +299,11 @@ class RayActorLauncher(Launcher):
                     if recorder is not None:
                         recorder.job_done(out.key, configs[out.key], ret)
                     progress.update(ret.status == JobStatus.FAILED)
-                if waiting and not todo:
-                    reason = pool.health() if pool.health is not None else None
-                    if reason:
-                        raise ClusterLost(reason)
-                    time.sleep(float(self.params.wait_poll_s))
-            actors = pool.actors
-            log.info(f"{len(jobs)} jobs done in {time.monotonic() - t_jobs:.1f} s on {size} actors"
-                     + (f" ({pool.replaced} replaced, {pool.retried} jobs retried)"
-                        if pool.replaced else ""))
-        finally:
-            if progress is not None:
-                progress.close()
-            self._stop_ray(ray, actors)
+            elif waiting:
+                reason = pool.health() if pool is not None and pool.health is not None else None
+                if reason:
+                    raise ClusterLost(reason)
+                time.sleep(float(self.params.wait_poll_s))
 
     def _acquire(
         self, jobs: list[tuple[int, DictConfig]], recorder: Recorder | None
@@ -393,9 +422,12 @@ class InBackground:
         return self._error is None
 
 
-def _task_view(cfg: DictConfig) -> DictConfig:
-    """The job config without its ``hydra`` node, as the task function will see it."""
-    view = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+def task_view(cfg: DictConfig) -> DictConfig:
+    """The job config without its ``hydra`` node, typed, as the task function will see it
+    (Hydra's ``run_job`` deletes the node from a deep copy the same way)."""
+    view = copy.deepcopy(cfg)
+    with read_write(view), open_dict(view):
+        del view["hydra"]
     return view
 
 

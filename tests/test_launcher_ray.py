@@ -171,14 +171,29 @@ def test_pool_is_capped_to_the_cluster_cpus(hydra_sweep_runner, tmp_path):
 
 def test_validator_rejects_before_any_job(hydra_sweep_runner, tmp_path):
     RECORDED.clear()
-    with pytest.raises(SystemExit, match=r"Invalid config in job #1 \(\+x=3\)"), _sweep(
-        hydra_sweep_runner, tmp_path, "+x=2,3",
+    with pytest.raises(SystemExit, match=r"(?s)Invalid config \(2 problems\); no job was "
+                                         r"started.*job #1 \(\+x=3\): x must not be 3.*"
+                                         r"job #3 \(\+x=5\): x must not be 5"), _sweep(
+        hydra_sweep_runner, tmp_path, "+x=2,3,4,5",
         f"hydra.launcher.validator={__name__}:reject_three",
     ):
         pass
     assert RECORDED == []  # the recorder never started: nothing ran
 
 
+def test_validator_text_marks_a_job_infeasible_and_it_is_not_run(hydra_sweep_runner, tmp_path):
+    with _sweep(hydra_sweep_runner, tmp_path, "+x=2,7",
+                f"hydra.launcher.validator={__name__}:seven_cannot_run") as sweep:
+        values = [r.return_value for r in sweep.returns[0]]
+    assert values[0]["x"] == 2
+    assert values[1] == {"status": "infeasible", "reason": "7 does not fit"}
+    assert dict(RECORDED[1:-1]) == {0: "COMPLETED", 1: "COMPLETED"}
+
+
 def reject_three(cfg: DictConfig) -> None:
-    if cfg.x == 3:
-        raise ValueError("x must not be 3")
+    if cfg.x in (3, 5):
+        raise ValueError(f"x must not be {cfg.x}")
+
+
+def seven_cannot_run(cfg: DictConfig) -> str | None:
+    return "7 does not fit" if cfg.x == 7 else None

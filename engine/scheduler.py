@@ -295,9 +295,9 @@ class Scheduler:
                 req.finish_ns = now_ns
                 kv.free(req)
                 req.release()
-                if req in self.running:
+                try:
                     self.running.remove(req)
-                else:
+                except ValueError:  # preempted after this step was scheduled
                     self.waiting.remove(req)
                 self.num_finished += 1
                 finished.append(req)

@@ -128,5 +128,6 @@ def read_mooncake(
                 b.skip_zero(lineno)
             elif b.keep(lineno, t, n_in, n_out):
                 ids = (hashes[:, None] * block + offsets).ravel()[:n_in]
-                b.add(lineno, t, "timestamp", array("q", ids.tobytes()), n_out)
+                b.add(lineno, t, "timestamp", array("q", ids.tobytes()), n_out,
+                      int(ids.max()))
     return b.finish(id_prefix)

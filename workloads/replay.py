@@ -179,8 +179,10 @@ class TraceBuilder:
                 "max_total_tokens=N) if the run really needs that many")
         return True
 
-    def add(self, lineno: int, t_ns: int, time_field: str, prompt: array | int, n_out: int
-            ) -> None:
+    def add(self, lineno: int, t_ns: int, time_field: str, prompt: array | int, n_out: int,
+            max_id: int | None = None) -> None:
+        """Keep a row ``keep`` accepted: its prompt ids (``max_id``, their largest, if the
+        reader knows it) or a placeholder count."""
         assert self.t0 is not None
         rel = t_ns - self.t0 - self.start_ns
         factor = self.replay.factor
@@ -190,7 +192,7 @@ class TraceBuilder:
                             f"replays at {arrival} ns, above {MAX_ARRIVAL_NS} (31.7 years)",
                             "lower time_scale or raise rate_scale")
         if isinstance(prompt, array) and len(prompt):
-            self.max_id = max(self.max_id, max(prompt))
+            self.max_id = max(self.max_id, max(prompt) if max_id is None else max_id)
         self.rows.append((arrival, prompt, n_out))
 
     def finish(self, id_prefix: str) -> list[RequestSpec]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -127,6 +128,7 @@ class SweepRecorder:
             list(OmegaConf.select(config, "hydra.overrides.task", default=[]) or [])
         )
         self.swept = swept_keys(config)
+        self.objective = self.study.get("objective")
         target = str(OmegaConf.select(config, "hydra.launcher._target_", default="") or "")
         self.launcher = target.rsplit(".", 1)[-1] or "none"
         self.tracker: Any = None
@@ -288,6 +290,8 @@ class SweepRecorder:
             )
             self._logging.append((row, future))
         self.rows.append(row)
+        if self.objective and (ok or infeasible):  # the sweeper gets the one number
+            ret.return_value = float(row.get(self.objective, math.nan)) if ok else math.nan
 
     def close(self, status: str) -> str | None:
         """Write the results table (and the study plot); end the parent run with ``status``;

@@ -195,6 +195,9 @@ class StudyConf:
     name: str = "default"
     description: str = ""
     plot: PlotConf = field(default_factory=PlotConf)
+    # A metric name: each multirun job then hands the sweeper that one number (NaN for a
+    # failed or infeasible point), so Hydra's search sweepers (e.g. Optuna's) can drive it.
+    objective: str | None = None
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Two real Ray nodes on this machine (loopback only); the second node's raylet is killed in
-the middle of a sweep, and every point still finishes exactly once in the MLflow store.
+"""Two real Ray nodes on this machine (loopback only, Ray's token authentication on); the
+second node's raylet is killed in the middle of a sweep, and every point still finishes
+exactly once in the MLflow store. A driver with the wrong token is refused.
 
 The head and the worker node are started with ``ray start --block`` in their own process
 groups, bound to 127.0.0.1 with every port chosen free; the sweep attaches with
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -52,11 +54,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ray_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+TOKEN = secrets.token_hex(24)  # this test's cluster token (docs/sweep.md: token auth on)
+
+
+def ray_env(token: str | None = TOKEN) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH")}
     env.update({
         "PYTHONPATH": str(REPO),
-        "RAY_AUTH_MODE": "disabled",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token or "",
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         # notice a dead node within seconds instead of the default half minute
@@ -96,11 +103,11 @@ def group_pids(pgid: int) -> dict[int, str]:
     return out
 
 
-def alive_nodes(address: str) -> int:
+def alive_nodes(address: str, token: str | None = TOKEN) -> int:
     code = (f"import ray\nray.init(address={address!r}, log_to_driver=False)\n"
             "print(sum(n['Alive'] for n in ray.nodes()))\nray.shutdown()\n")
-    out = subprocess.run([sys.executable, "-c", code], env=ray_env(), capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], env=ray_env(token), capture_output=True,
+                         text=True, timeout=90)
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else 0
 
 
@@ -135,6 +142,7 @@ def test_sweep_survives_losing_a_node(tmp_path):
         worker_raylet = [pid for pid, cmd in group_pids(nodes[1].pid).items()
                          if "raylet/raylet" in cmd]
         assert len(worker_raylet) == 1
+        assert alive_nodes(address, token="not-the-token") == 0  # token auth is on
 
         store = f"sqlite:///{tmp_path / 'mlflow.db'}"
         rates = ",".join(str(r) for r in range(1, POINTS + 1))
@@ -180,6 +188,6 @@ def test_sweep_survives_losing_a_node(tmp_path):
     frame, _ = read_results_table(sweep_dir / RESULTS_FILE)
     assert (frame.status == "finished").all() and frame[HASH_KEY].nunique() == POINTS
     assert killed_at < POINTS
-    lines = [ln for ln in out.splitlines() if "jobs ran in" in ln]
+    lines = [ln for ln in out.splitlines() if "jobs done in" in ln]
     # the launcher replaced the lost node's actor and ran its job again elsewhere
     assert lines and "replaced" in lines[-1] and "retried" in lines[-1], out[-4000:]

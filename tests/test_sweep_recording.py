@@ -105,3 +105,15 @@ def test_basic_launcher_exits_non_zero_when_a_point_fails(tmp_path, store, monke
     assert "injected failure at rate 4" in rows.loc[1, "error"]
     statuses = {s: len(r) for s, r in runs_by_status(store, "basic_failing").items()}
     assert statuses == {"FINISHED": 1, "FAILED": 2}  # the point and the parent
+
+
+def test_an_objective_hands_the_sweeper_one_number(tmp_path, store):
+    """``study.objective``: each job returns that metric (NaN when infeasible), as Hydra's
+    search sweepers (Optuna's) expect; the table and MLflow still get everything."""
+    returns = run_sweep(tmp_path / "s", [
+        "workload.num_requests=40", "tracking.plots=false", "hydra/launcher=basic",
+        "cluster.max_model_len=1024,32768", "study.objective=ttft_ms_p99",
+        "tracking.experiment=objective", f"tracking.uri={store}"])
+    values = [r.return_value for r in returns]
+    rows = table(tmp_path / "s")
+    assert math.isnan(values[0]) and values[1] == rows.loc[1, "ttft_ms_p99"] > 0

@@ -19,7 +19,7 @@ the latency model use it unchanged. Per table (docs/aiconfigurator.md gives the 
   the sum of its parts times the roofline's ratio t(mixed) / (t(prefill) + t(decodes)): the
   vLLM FlashAttention varlen call that runs them together re-reads each decode's K/V per
   query head and launches empty query tiles, which aiconfigurator's separate prefill and
-  decode tables cannot show.
+  decode tables cannot show; never below either part alone.
 - **MoE** (``tp1/moe.csv``): aiconfigurator's fused-MoE table (MoE TP = EP = 1, balanced
   routing) at the token count; a row with fewer activated experts than balanced routing
   hits streams only their weights: the DRAM time of its bytes plus what the measured row
@@ -87,7 +87,7 @@ from profiles.roofline.grid import (
     per_sequence_counts,
 )
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 GENERATOR = "servesweep.profiles.aiconfigurator"
 
 # GEMM layers of the dense / per-sequence tables: (n, k) of the rank's weight.
@@ -212,7 +212,8 @@ class _Builder:
         mixed = has_p & has_d
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(mixed, r_full / (r_p + r_d), 1.0)
-        time_us = (prefill + decode) * ratio
+        # A call is never faster than its prefill or its decodes alone.
+        time_us = np.maximum((prefill + decode) * ratio, np.maximum(prefill, decode))
         df = pd.DataFrame(keys, columns=["prefill_chunk", "kv_prefill", "n_decode", "kv_decode"])
         df["time_us"] = time_us
         return df
@@ -235,7 +236,8 @@ class _Builder:
         stream = self.system.dram_floor_us(moe_work(shape, self.precision, tokens, activated).bytes)
         stream_bal = self.system.dram_floor_us(moe_work(shape, self.precision, tokens, balanced).bytes)
         t = stream + np.maximum(table(tokens) - stream_bal, 0.0)
-        self.sources["moe"] = f"{self._rel(table.path)} [{table.kernel}], MoE TP=EP=1, balanced"
+        self.sources["moe"] = (f"{self._rel(table.path)} [{table.kernel}], MoE TP=EP=1, "
+                               f"{table.distribution} routing")
         return pd.DataFrame({"tokens": tokens, "activated_experts": activated, "time_us": t})
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import yaml
 
 from engine.specs import ConfigError
@@ -197,9 +198,18 @@ def table_path(system: SystemSpec, op: str, filename: str, framework: str = "vll
     return path
 
 
-def _read_table(path: Path, columns: list[str]) -> pd.DataFrame:
+def _read_table(path: Path, columns: list[str],
+                optional: dict[str, object] | None = None) -> pd.DataFrame:
+    """``columns`` of the Parquet table at ``path``; ``optional`` columns missing from the
+    file take their default (A100's 0.14 attention tables have no ``window_size``)."""
+    optional = optional or {}
     try:
-        frame = pd.read_parquet(path, columns=columns)
+        present = set(pq.read_schema(path).names)
+        frame = pd.read_parquet(path, columns=[c for c in columns
+                                               if c in present or c not in optional])
+        for col, default in optional.items():
+            if col not in frame:
+                frame[col] = default
     except (OSError, ValueError, KeyError) as exc:  # pyarrow raises ArrowInvalid (a ValueError)
         raise AiconfiguratorError(
             f"{path}: cannot read columns {columns} ({exc}); the table layout of "
@@ -432,8 +442,9 @@ def attention_tables(system: str, want: AttentionShape) -> AttentionTables:
     spec = load_system(system)
     cpath = table_path(spec, "attention", "context_attention_perf.parquet")
     gpath = table_path(spec, "attention", "generation_attention_perf.parquet")
-    clane, ctx = _densest_lane(_read_table(cpath, _SHAPE_COLS), cpath, want.kv_dtype)
-    glane, gen = _densest_lane(_read_table(gpath, _SHAPE_COLS), gpath, want.kv_dtype)
+    full = {"window_size": 0}  # absent: every row is full attention
+    clane, ctx = _densest_lane(_read_table(cpath, _SHAPE_COLS, full), cpath, want.kv_dtype)
+    glane, gen = _densest_lane(_read_table(gpath, _SHAPE_COLS, full), gpath, want.kv_dtype)
     shape, scale = _pick_shape(ctx, want, cpath)
     gshape, gscale = _pick_shape(gen, want, gpath)
     if gshape != shape:
@@ -473,10 +484,11 @@ def attention_tables(system: str, want: AttentionShape) -> AttentionTables:
 @dataclass(frozen=True, slots=True)
 class MoeTable:
     """Fused-MoE latency of one layer shape, one rank holding every expert (MoE TP = EP = 1),
-    balanced routing, by token count (µs)."""
+    by token count (µs), under ``distribution`` routing (balanced where measured)."""
 
     path: Path
     kernel: str
+    distribution: str
     curve: Curve1D
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
@@ -484,6 +496,10 @@ class MoeTable:
 
 
 _MOE_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+# Routing distributions in order of preference: balanced (every expert equally loaded, what
+# the latency model's routing assumes), else the least skewed power law (A100's 0.14 table
+# has no balanced rows).
+_MOE_DISTRIBUTIONS = ("balanced", "power_law_1.01", "power_law_1.2")
 
 
 @cache
@@ -499,19 +515,21 @@ def moe_table(system: str, weights: str, hidden: int, inter: int, top_k: int,
     rows = frame[(frame["moe_dtype"] == dtype) & (frame["hidden_size"] == hidden)
                  & (frame["inter_size"] == inter) & (frame["topk"] == top_k)
                  & (frame["num_experts"] == experts) & (frame["moe_tp_size"] == 1)
-                 & (frame["moe_ep_size"] == 1) & (frame["distribution"] == "balanced")]
+                 & (frame["moe_ep_size"] == 1)]
+    dist = next((d for d in _MOE_DISTRIBUTIONS if (rows["distribution"] == d).any()), None)
+    rows = rows[rows["distribution"] == dist]
     if rows.empty:
         shapes = sorted(set(zip(frame["hidden_size"], frame["inter_size"], frame["topk"],
                                 frame["num_experts"], strict=True)))
         raise AiconfiguratorError(
-            f"{path}: no {dtype} balanced MoE rows for hidden={hidden}, inter={inter}, "
+            f"{path}: no {dtype} MoE rows for hidden={hidden}, inter={inter}, "
             f"top_k={top_k}, experts={experts} at MoE TP=EP=1; shapes present "
             f"(hidden, inter, top_k, experts): {shapes}. Use bundle source 'roofline'"
         )
     kernel = str(rows["kernel_source"].value_counts().idxmax())
     rows = rows[rows["kernel_source"] == kernel].groupby("num_tokens")["latency"].median()
     curve = Curve1D(rows.index.to_numpy(np.float64), rows.to_numpy() * MS_TO_US)
-    return MoeTable(path=path, kernel=kernel, curve=curve)
+    return MoeTable(path=path, kernel=kernel, distribution=str(dist), curve=curve)
 
 
 # --------------------------------------------------------------------------- collectives

@@ -1,0 +1,260 @@
+"""Error of the aiconfigurator-derived bundles where we have truth (RTX PRO 6000).
+
+Usage::
+
+    python -m benchmarks.aiconfigurator_error [--data DIR] [--doc docs/aiconfigurator.md]
+        [--no-e2e] [--per-gpu]
+
+1. Per table: for every measured RTX PRO 6000 bundle (model, TP folder) the bundle derived
+   from aiconfigurator-core's ``rtx_pro_6000_server`` tables (``profiles.aiconfigurator``) is
+   joined to it on the table keys; median and P90 of ``|derived / measured - 1|`` per dense
+   layer, per-sequence layer, attention regime and MoE (``profiles.roofline.check``).
+2. Whole steps: the representative batch shapes of ``benchmarks.roofline_error`` priced with
+   ``ProfiledLatencyModel`` on both bundles (host I/O dropped).
+3. End to end (unless ``--no-e2e``): ``analysis.validate.run_validation`` on the three vLLM
+   ground-truth runs with the measured bundles and with ``--profiles aiconfigurator``, plus
+   two diagnostics that locate the gap (neither is a profile source): the measured bundles
+   with their skew fit switched off, and the derived bundles carrying the measured bundles'
+   skew fit.
+4. Per GPU (``--per-gpu``): the roofline bundle against the aiconfigurator bundle on every
+   aiconfigurator system, for the catalog models, on the tables aiconfigurator measures
+   (GEMM layers, attention, MoE): how far the roofline fallback is from NVIDIA's tables.
+
+The markdown is printed and, with ``--doc``, written between the
+``<!-- aiconfigurator_error:begin -->`` / ``<!-- aiconfigurator_error:end -->`` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from benchmarks.roofline_error import E2E_METRICS, GROUNDTRUTH, SHAPES
+from profiles.aiconfigurator import PINNED_VERSION, SYSTEMS, ensure_bundle
+from profiles.bundle import clear_bundle_cache, load_bundle
+from profiles.catalog import list_models, load_hardware, load_model
+from profiles.latency import ProfiledLatencyModel
+from profiles.roofline import ensure_bundle as roofline_bundle
+from profiles.roofline.check import ErrorRow, table_errors
+from profiles.roofline.fit import MEASURED, default_data_dir, measured_tps, measured_variant_dir
+from profiles.roofline.generate import CACHE_ENV
+
+BEGIN, END = "<!-- aiconfigurator_error:begin -->", "<!-- aiconfigurator_error:end -->"
+HARDWARE = "RTXPRO6000"
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.1f}"
+
+
+def _derived(hw_name: str, model_name: str, tp: int, cache: Path) -> Path:
+    return ensure_bundle(load_hardware(hw_name), load_model(model_name), tp, cache=cache)
+
+
+def all_table_errors(data: Path, cache: Path) -> list[ErrorRow]:
+    rows: list[ErrorRow] = []
+    for hw_name, model_name in MEASURED:
+        mdir = measured_variant_dir(data, hw_name, model_name)
+        for tp in measured_tps(mdir):
+            gdir = _derived(hw_name, model_name, tp, cache)
+            rows += table_errors(mdir / f"tp{tp}", gdir / f"tp{tp}", f"{model_name} tp{tp}")
+    return rows
+
+
+def step_errors(data: Path, cache: Path) -> list[tuple[str, str, int, int]]:
+    """(bundle, shape label, measured ns, derived ns) for every SHAPES entry."""
+    rows = []
+    for hw_name, model_name in MEASURED:
+        model = load_model(model_name)
+        mdir = measured_variant_dir(data, hw_name, model_name)
+        for tp in measured_tps(mdir):
+            gdir = _derived(hw_name, model_name, tp, cache)
+            measured = ProfiledLatencyModel(load_bundle(mdir), model, tp, host_mem_bw_gbs=None)
+            derived = ProfiledLatencyModel(load_bundle(gdir), model, tp, host_mem_bw_gbs=None)
+            for label, shape in SHAPES:
+                rows.append((f"{model_name} tp{tp}", label, measured.iteration_ns(shape),
+                             derived.iteration_ns(shape)))
+    return rows
+
+
+def _link_bundle(src: Path, dest: Path, skew_from: Path | None, skew_on: bool) -> None:
+    """``dest``: ``src``'s tables (symlinked) with meta.yaml's skew fit off, or taken (with
+    its bucket tables) from the bundle ``skew_from``."""
+    meta = yaml.safe_load((src / "meta.yaml").read_text())
+    for tp_dir in sorted(p for p in src.glob("tp*") if p.is_dir()):
+        (dest / tp_dir.name).mkdir(parents=True, exist_ok=True)
+        for f in tp_dir.glob("*.csv"):
+            if not f.name.startswith("skew"):
+                (dest / tp_dir.name / f.name).symlink_to(f.resolve())
+    if skew_on and skew_from is not None:
+        donor = yaml.safe_load((skew_from / "meta.yaml").read_text())
+        meta["skew_fit"] = donor["skew_fit"]
+        for f in skew_from.glob("tp*/skew_fit.csv"):
+            if (dest / f.parent.name).is_dir():
+                shutil.copy(f, dest / f.parent.name / f.name)
+    else:
+        meta["skew_fit"] = {"enabled": False}
+    (dest / "meta.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+
+
+def end_to_end(data: Path, cache: Path, work: Path) -> list[tuple[str, str, dict]]:
+    """(run, profile kind, validation report) for each ground-truth run and profile kind."""
+    from analysis.validate import AICONFIGURATOR, run_validation
+
+    measured_root = data / "llmservingsim" / "profiles"
+    noskew, aic_skew = work / "measured-noskew", work / "aic-measured-skew"
+    for hw_name, model_name in MEASURED:
+        mdir = measured_variant_dir(data, hw_name, model_name)
+        rel = Path(hw_name) / model_name / "bf16"
+        _link_bundle(mdir, noskew / rel, None, False)
+        gdir = None
+        for tp in measured_tps(mdir):
+            gdir = _derived(hw_name, model_name, tp, cache)
+        assert gdir is not None
+        _link_bundle(gdir, aic_skew / rel, mdir, True)
+    clear_bundle_cache()
+    out = []
+    kinds = (("measured", measured_root), (f"aiconfigurator {PINNED_VERSION}", AICONFIGURATOR),
+             ("diagnostic: measured, skew fit off", noskew),
+             ("diagnostic: aiconfigurator + measured skew fit", aic_skew))
+    for example, workload in GROUNDTRUTH:
+        truth = data / "llmservingsim" / "groundtruth" / HARDWARE / example
+        wl = data / "llmservingsim" / "workloads" / f"{workload}.jsonl"
+        for kind, root in kinds:
+            out.append((example, kind, run_validation(truth, wl, root).report))
+            clear_bundle_cache()
+    return out
+
+
+def per_gpu_errors(cache: Path) -> list[ErrorRow]:
+    """The roofline bundle against the aiconfigurator bundle, per system and catalog model
+    (TP 1), on the layers aiconfigurator measures."""
+    rows: list[ErrorRow] = []
+    for hw_name, system in SYSTEMS.items():
+        hw = load_hardware(hw_name)
+        for model_name in list_models():
+            model = load_model(model_name)
+            gdir = ensure_bundle(hw, model, 1, cache=cache)
+            measured_layers = {k for k, v in yaml.safe_load((gdir / "meta.yaml").read_text())
+                               ["aiconfigurator"]["layers"].items() if not v.startswith("roofline")}
+            rdir = roofline_bundle(hw, model, 1, cache=cache)
+            for e in table_errors(gdir / "tp1", rdir / "tp1", f"{system} {model_name}"):
+                if e.table == "attention" or e.item in measured_layers:
+                    rows.append(e)
+    return rows
+
+
+def render_tables(errors: list[ErrorRow], steps: list[tuple[str, str, int, int]]) -> str:
+    lines = [
+        "Per table, `|derived/measured - 1|` over the measured grid points (signed = median "
+        "of `derived/measured - 1`, + means the derived bundle is slower). Rows marked "
+        "(roofline) are the roofline model's, which aiconfigurator has no table for:",
+        "",
+        "| bundle | table | layer / regime | rows | median % | P90 % | signed median % |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    roofline_layers = {"embedding", "layernorm", "final_layernorm", "qk_norm", "rotary_emb",
+                       "act_fn", "sampler"}
+    for e in errors:
+        item = f"{e.item} (roofline)" if e.item in roofline_layers else e.item
+        lines.append(f"| {e.bundle} | {e.table} | {item} | {e.rows} | {_pct(e.median)} | "
+                     f"{_pct(e.p90)} | {_pct(e.signed_median)} |")
+    pooled = pd.DataFrame([asdict(e) for e in errors])
+    lines += ["", "Pooled over bundles (row-weighted mean of the per-bundle statistics):", "",
+              "| table | layer / regime | median % | P90 % | signed median % |",
+              "|---|---|---:|---:|---:|"]
+    for (table, item), g in pooled.groupby(["table", "item"], sort=False):
+        w = g["rows"] / g["rows"].sum()
+        label = f"{item} (roofline)" if item in roofline_layers else item
+        lines.append(f"| {table} | {label} | {_pct(float((g['median'] * w).sum()))} | "
+                     f"{_pct(float((g['p90'] * w).sum()))} | "
+                     f"{_pct(float((g['signed_median'] * w).sum()))} |")
+    lines += ["", "Whole steps (ProfiledLatencyModel on each bundle, host I/O dropped):", "",
+              "| bundle | step | measured ms | derived ms | derived/measured - 1 % |",
+              "|---|---|---:|---:|---:|"]
+    for bundle, label, m_ns, a_ns in steps:
+        lines.append(f"| {bundle} | {label} | {m_ns / 1e6:.3f} | {a_ns / 1e6:.3f} | "
+                     f"{100 * (a_ns / m_ns - 1):+.1f} |")
+    rel = np.array([a / m - 1 for _, _, m, a in steps])
+    lines += ["", f"Whole-step |error| over these {rel.size} steps: median "
+              f"{100 * np.median(np.abs(rel)):.1f} %, max {100 * np.max(np.abs(rel)):.1f} %."]
+    return "\n".join(lines) + "\n"
+
+
+def render_e2e(rows: list[tuple[str, str, dict]]) -> str:
+    head = " | ".join(f"{label} Diff%" for label in E2E_METRICS.values())
+    lines = [
+        "End to end: `analysis.validate.run_validation` on each vLLM ground-truth run (300 "
+        "ShareGPT requests at 10 req/s); Diff% = (sim - vLLM)/vLLM over the 15 validation "
+        "metrics:",
+        "",
+        f"| run | profiles | mean \\|Diff%\\| | max \\|Diff%\\| | {head} |",
+        "|---|---|---:|---:|" + "---:|" * len(E2E_METRICS),
+    ]
+    for example, kind, rep in rows:
+        cells = " | ".join(f"{rep['metrics'][m]['diff_pct']:+.1f}" for m in E2E_METRICS)
+        lines.append(f"| {example} | {kind} | {rep['mean_abs_diff_pct']:.2f} | "
+                     f"{rep['max_abs_diff_pct']:.2f} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_per_gpu(rows: list[ErrorRow]) -> str:
+    lines = [
+        "Roofline against aiconfigurator per GPU (`|roofline/aiconfigurator - 1|`, TP 1, "
+        "pooled over the catalog models, row-weighted; signed + means the roofline is "
+        "slower):",
+        "",
+        "| system | table | layer / regime | rows | median % | P90 % | signed median % |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    frame = pd.DataFrame([asdict(e) for e in rows])
+    frame["system"] = frame["bundle"].str.split(" ").str[0]
+    for (system, table, item), g in frame.groupby(["system", "table", "item"], sort=False):
+        w = g["rows"] / g["rows"].sum()
+        lines.append(f"| {system} | {table} | {item} | {int(g['rows'].sum())} | "
+                     f"{_pct(float((g['median'] * w).sum()))} | "
+                     f"{_pct(float((g['p90'] * w).sum()))} | "
+                     f"{_pct(float((g['signed_median'] * w).sum()))} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(doc: Path, block: str) -> None:
+    text = doc.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{doc}: markers {BEGIN} / {END} not found")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    doc.write_text(f"{head}{BEGIN}\n{block}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, default=default_data_dir(), help="shared data folder")
+    ap.add_argument("--doc", type=Path, default=None, help="markdown file to update in place")
+    ap.add_argument("--no-e2e", action="store_true", help="skip the ground-truth replays")
+    ap.add_argument("--per-gpu", action="store_true",
+                    help="also compare roofline with aiconfigurator on every system")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = Path(tmp) / "cache"
+        os.environ[CACHE_ENV] = str(cache)  # validate's generated bundles go there too
+        block = render_tables(all_table_errors(args.data, cache), step_errors(args.data, cache))
+        if not args.no_e2e:
+            block += "\n" + render_e2e(end_to_end(args.data, cache, Path(tmp) / "e2e"))
+        if args.per_gpu:
+            block += "\n" + render_per_gpu(per_gpu_errors(cache))
+    print(block)
+    if args.doc is not None:
+        write_doc(args.doc, block)
+
+
+if __name__ == "__main__":
+    main()

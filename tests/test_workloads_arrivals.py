@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workloads import Load, Stage, WorkloadError, synthetic, synthetic_requests
 from workloads.arrivals import burstiness_of
@@ -76,7 +78,12 @@ def test_staged_synthetic_requests():
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    ({"rate": 1}, "exactly one of num_requests, duration_s or stages"),
+    ({"rate": 1}, "exactly one of num_requests, duration_s, stages or times_ns"),
+    ({"times_ns": [0, 5], "num_requests": 2}, "exactly one"),
+    ({"times_ns": [0, 5], "rate": 2}, "drop rate"),
+    ({"times_ns": [3, 2]}, r"times_ns\[1\]=2 is earlier than times_ns\[0\]=3"),
+    ({"times_ns": [0, -1]}, r"times_ns\[1\] must be an int"),
+    ({"times_ns": [0.5]}, r"times_ns\[0\] must be an int"),
     ({"rate": 1, "num_requests": 3, "stages": [Stage(1, 1)]}, "exactly one"),
     ({"rate": 2, "stages": [Stage(1, 1)]}, "each stage has its own rate"),
     ({"stages": [{"rate": 1}]}, r"stages\[0\]: a stage is"),
@@ -100,6 +107,17 @@ def test_bad_loads_are_refused_by_name(kwargs, needle):
         Load(**kwargs)
 
 
+def test_given_send_times_drive_any_generator():
+    """A vllm bench serve result's send times, refilled with that run's dataset."""
+    from workloads import vllm_random
+
+    sent = [0, 0, 250_000_000, 900_000_000]
+    load = Load(times_ns=sent)
+    assert load.times(0).tolist() == sent and load.expected_requests() == 4
+    reqs = vllm_random(load, input_len=32, output_len=4)
+    assert [r.arrival_ns for r in reqs] == sent and {r.prompt_len for r in reqs} == {32}
+
+
 def test_a_rate_too_low_for_int64_is_refused_not_wrapped():
     """1e-12 req/s: gaps of ~1e21 ns used to wrap around int64 into negative arrivals."""
     with pytest.raises(WorkloadError, match="beyond 1000000000000000000 ns"):
@@ -107,3 +125,25 @@ def test_a_rate_too_low_for_int64_is_refused_not_wrapped():
     assert Load(rate=1e-12, duration_s=5.0).times(0).tolist() == []
     far = Load(rate=1e-9, duration_s=1e9).times(0)
     assert (far > 0).all() and (far <= 10**18).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40).map(float), st.floats(0.05, 5)), min_size=1, max_size=4),
+       st.sampled_from(["poisson", "gamma", "constant"]), st.integers(0, 2**32 - 1))
+def test_stage_invariants(stages, arrival, seed):
+    """Arrivals never go back, stay inside their stage, and constant stages hold exactly
+    floor(rate x duration) each."""
+    if not any(r > 0 for r, _ in stages):
+        stages = [*stages, (1.0, 1.0)]
+    load = Load(stages=[Stage(r, d) for r, d in stages], arrival=arrival, cv=2.0)
+    t = load.times(seed)
+    assert (np.diff(t) >= 0).all()
+    edges = np.cumsum([0] + [int(d * S) for _, d in stages])
+    for k, (rate, _) in enumerate(stages):
+        inside = ((t > edges[k]) | (k == 0)) & (t <= edges[k + 1])  # (T_k, T_k + d_k]
+        if rate == 0:
+            assert not inside.any()
+        if arrival == "constant" and rate > 0:
+            horizon = int(stages[k][1] * S)  # floor(rate x duration), on the ns grid
+            assert inside.sum() == sum(1 for j in range(1, 400) if j * S // rate <= horizon)
+    assert t.size == 0 or t[-1] <= edges[-1]

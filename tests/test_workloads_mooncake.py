@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine import EngineConfig, simulate
 from engine.batch import BatchShape
@@ -123,3 +125,25 @@ def test_zero_rows_budget_and_limits(tmp_path, caplog):
         read_mooncake(p, hash_block_size=0)
     with pytest.raises(WorkloadError, match="no requests to replay"):
         read_mooncake(_write(tmp_path, ["", ""], "blank.jsonl"))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.lists(st.integers(0, 6), min_size=1, max_size=5),
+                          st.integers(0, 511)), min_size=2, max_size=6))
+def test_shared_ids_are_exactly_the_shared_hash_blocks(tmp_path_factory, rows):
+    """Two prompts agree on their first k * 512 ids exactly when their first k hash ids are
+    equal (and on nothing after the first differing block)."""
+    rows = [(hashes, 1 + (len(hashes) - 1) * 512 + cut) for hashes, cut in rows]
+    p = tmp_path_factory.mktemp("mc") / "t.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": i, "input_length": n, "output_length": 1,
+                                     "hash_ids": h}) + "\n" for i, (h, n) in enumerate(rows)))
+    reqs = read_mooncake(p)
+    for (ha, na), a in zip(rows, reqs, strict=True):
+        assert a.prompt_len == na
+        for (hb, nb), b in zip(rows, reqs, strict=True):
+            pairs = enumerate(zip(ha, hb, strict=False))
+            k = next((i for i, (x, y) in pairs if x != y), min(len(ha), len(hb)))
+            ids = enumerate(zip(a.prompt_ids, b.prompt_ids, strict=False))
+            common = next((i for i, (x, y) in ids if x != y), min(na, nb))
+            assert common == min(k * 512, na, nb)

@@ -9,7 +9,9 @@ fill its arrivals with prompts. It has one of three sizes:
 - every arrival within ``duration_s`` at ``rate``;
 - ``stages``: consecutive ``(rate, duration_s)`` stages, as inference-perf's load stages
   (``load.stages: [{rate, duration}]``). Stage ``k`` covers ``(T_k, T_k + duration_k]``,
-  ``T_k`` the sum of the earlier durations; a stage of rate 0 is an idle gap.
+  ``T_k`` the sum of the earlier durations; a stage of rate 0 is an idle gap;
+- ``times_ns``: given arrival times (non-decreasing int ns), e.g. the send times a
+  ``vllm bench serve`` result recorded, so a generator rebuilds that run's prompts.
 
 Gaps follow ``vllm bench serve``: Gamma(shape = burstiness, scale = 1 / (rate * burstiness)),
 burstiness = 1 / cv**2, so ``poisson`` (burstiness 1) has exponential gaps and ``gamma`` a
@@ -101,8 +103,16 @@ def _constant(rate: float, count: int) -> np.ndarray:
 
 
 def _constant_count(rate: float, duration_s: float) -> int:
-    # floor(rate * duration), with a hair of slack so 0.1 req/s x 30 s gives 3, not 2
-    return int(math.floor(rate * duration_s * (1 + 1e-12)))
+    """How many of ``_constant``'s arrivals fall within the stage's integer-ns horizon:
+    floor(rate * duration), exact at the edge (0.1 req/s x 30 s gives 3, not 2)."""
+    horizon = int(duration_s * NS_PER_S)
+    step = NS_PER_S / rate
+    n = int(horizon / step)
+    while n > 0 and math.floor(n * step) > horizon:
+        n -= 1
+    while math.floor((n + 1) * step) <= horizon:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,10 +164,10 @@ def parse_stages(stages: Iterable[Any], who: str = "stages") -> tuple[Stage, ...
 class Load:
     """The arrival process of a generated workload (see the module docstring).
 
-    Exactly one of ``num_requests``, ``duration_s`` or ``stages`` is set; ``rate`` (req/s)
-    goes with the first two. ``arrival``: ``poisson``, ``gamma`` (with ``cv``) or
-    ``constant``. Every value is checked when the load is built; ``who`` names the caller in
-    messages.
+    Exactly one of ``num_requests``, ``duration_s``, ``stages`` or ``times_ns`` is set;
+    ``rate`` (req/s) goes with the first two. ``arrival``: ``poisson``, ``gamma`` (with
+    ``cv``) or ``constant``. Every value is checked when the load is built; ``who`` names the
+    caller in messages.
     """
 
     rate: float | None = None
@@ -166,16 +176,22 @@ class Load:
     num_requests: int | None = None
     duration_s: float | None = None
     stages: tuple[Stage, ...] = ()
+    times_ns: tuple[int, ...] = ()
     who: str = "load"
 
     def __post_init__(self) -> None:
         who = self.who
         object.__setattr__(self, "stages", parse_stages(self.stages, f"{who}: stages"))
-        sizes = [self.num_requests is not None, self.duration_s is not None, bool(self.stages)]
+        object.__setattr__(self, "times_ns", tuple(self.times_ns))
+        sizes = [self.num_requests is not None, self.duration_s is not None, bool(self.stages),
+                 bool(self.times_ns)]
         if sum(sizes) != 1:
             raise WorkloadError(
-                f"{who}: give exactly one of num_requests, duration_s or stages"
+                f"{who}: give exactly one of num_requests, duration_s, stages or times_ns"
             )
+        if self.times_ns:
+            self._check_times()
+            return
         if self.arrival not in ARRIVALS:
             raise WorkloadError(f"{who}: arrival '{self.arrival}': use one of {list(ARRIVALS)}")
         if self.arrival == "gamma":
@@ -211,6 +227,19 @@ class Load:
                 raise WorkloadError(f"{who}: num_requests must be an int >= 1, got {n!r}")
             object.__setattr__(self, "num_requests", int(n))
 
+    def _check_times(self) -> None:
+        who, previous = self.who, 0
+        if self.rate is not None:
+            raise WorkloadError(f"{who}: rate={self.rate!r} with times_ns: drop rate")
+        for i, t in enumerate(self.times_ns):
+            if isinstance(t, bool) or not isinstance(t, Integral) or not 0 <= t <= MAX_ARRIVAL_NS:
+                raise WorkloadError(f"{who}: times_ns[{i}] must be an int in [0, "
+                                    f"{MAX_ARRIVAL_NS}], got {t!r}")
+            if t < previous:
+                raise WorkloadError(f"{who}: times_ns[{i}]={t} is earlier than times_ns[{i - 1}]"
+                                    f"={previous}; give the times in send order")
+            previous = t
+
     @property
     def burstiness(self) -> float:
         return burstiness_of(self.arrival, self.cv)
@@ -219,6 +248,8 @@ class Load:
         """The mean number of arrivals (exact for ``num_requests`` and ``constant``)."""
         if self.num_requests is not None:
             return float(self.num_requests)
+        if self.times_ns:
+            return float(len(self.times_ns))
         if self.duration_s is not None:
             assert self.rate is not None
             return self.rate * self.duration_s
@@ -226,6 +257,8 @@ class Load:
 
     def times(self, seed: int) -> np.ndarray:
         """Integer-ns arrival times, non-decreasing (see the module docstring)."""
+        if self.times_ns:
+            return np.asarray(self.times_ns, dtype=np.int64)
         b = self.burstiness
         rs = np.random.RandomState(seed)
         if not self.stages:

@@ -24,8 +24,11 @@ class BundleConf:
     """Where the latency profile bundle comes from.
 
     ``source``: ``roofline`` generates one from the hardware/model specs (cached on disk
-    under ``root``, default: the generator's own cache); ``dir`` reads measured bundles
-    from ``root`` (layout ``<root>/<hardware>/<org>/<model>/<variant>/tp<N>/``).
+    under ``root``, default: the generator's own cache); ``aiconfigurator`` derives one from
+    aiconfigurator-core's measured vLLM tables for the GPU (``profiles.aiconfigurator``,
+    extra ``[aiconfigurator]``; cached the same way); ``dir`` reads measured bundles
+    from ``root`` (layout ``<root>/<hardware>/<org>/<model>/<variant>/tp<N>/``). Each
+    point records where its latencies came from as the ``bundle_source`` param.
     """
 
     source: str = "roofline"

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from analysis.slo import SloSpec
 from engine.cluster import ROUTER_POLICIES
 from engine.specs import ConfigError
+from profiles.aiconfigurator import system_for, systems_dir
 from profiles.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases
 from sweep.cluster import check_shape
 from sweep.settings import engine_config
@@ -28,7 +29,7 @@ from sweep.store_check import TrackingError, check_store
 from workloads import ARRIVALS, LengthDist, WorkloadError
 from workloads.config import FORMAT_KEYS, FORMATS, KIND_KEYS, KINDS
 
-BUNDLE_SOURCES = ("roofline", "dir")
+BUNDLE_SOURCES = ("roofline", "aiconfigurator", "dir")
 WORKLOAD_KINDS = KINDS
 SEED_LIMIT = 2**32  # numpy's legacy RandomState (Poisson arrivals) takes 32-bit seeds
 
@@ -65,6 +66,12 @@ def check_hardware(cfg: DictConfig) -> None:
         raise _fail("hardware.name", hw.name, f"one of {list_hardware()}") from None
     if hw.bundle.source not in BUNDLE_SOURCES:
         raise _fail("hardware.bundle.source", hw.bundle.source, f"one of {list(BUNDLE_SOURCES)}")
+    if hw.bundle.source == "aiconfigurator":
+        try:  # the package (optional extra, pinned version) and a system for this GPU
+            systems_dir()
+            system_for(hw.name)
+        except ConfigError as err:
+            raise ConfigError(f"hardware.bundle.source=aiconfigurator: {err}") from None
     if hw.bundle.source == "dir" and (
         not hw.bundle.root or not resolve_path(hw.bundle.root).is_dir()
     ):

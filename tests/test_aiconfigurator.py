@@ -259,3 +259,25 @@ def test_validate_with_aiconfigurator_profiles(shared_data):
                                 AICONFIGURATOR).report
         assert set(report["bundle_sources"].values()) == {source_label(SYSTEM)}
         assert report["mean_abs_diff_pct"] <= bound, (run, report["mean_abs_diff_pct"])
+
+
+def test_sweep_point_records_its_bundle_source(tmp_path, monkeypatch):
+    """``hardware.bundle.source=aiconfigurator`` runs a sweep point on H100 tables, and the
+    point's params say so."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sweep import job
+    from sweep.schema import register
+    from tests.conftest import REPO_ROOT
+
+    monkeypatch.setenv("SERVESWEEP_CACHE", str(tmp_path))
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["hardware=h100_sxm", "hardware.bundle.source=aiconfigurator",
+                                           "workload.num_requests=20", "workload.rate=4"])
+    GlobalHydra.instance().clear()
+    out = job.run_point(cfg)
+    assert out["params"]["bundle_source"] == source_label("h100_sxm")
+    assert any(tmp_path.glob("aiconfigurator-*/H100-SXM/meta-llama"))

@@ -18,7 +18,9 @@ Usage::
    skew fit.
 4. Per GPU (``--per-gpu``): the roofline bundle against the aiconfigurator bundle on every
    aiconfigurator system, for the catalog models, on the tables aiconfigurator measures
-   (GEMM layers, attention, MoE): how far the roofline fallback is from NVIDIA's tables.
+   (GEMM layers, attention, MoE): how far the roofline fallback is from NVIDIA's tables;
+   and a TP2 all-reduce priced by our analytical model against aiconfigurator's measured
+   vLLM custom all-reduce and NCCL tables.
 
 The markdown is printed and, with ``--doc``, written between the
 ``<!-- aiconfigurator_error:begin -->`` / ``<!-- aiconfigurator_error:end -->`` markers.
@@ -152,6 +154,50 @@ def per_gpu_errors(cache: Path) -> list[ErrorRow]:
     return rows
 
 
+#: Token counts of the TP all-reduce comparison (message = tokens x hidden x 2 bytes).
+COMM_TOKENS = (1, 16, 128, 1024, 2048)
+
+
+def comm_rows(cache: Path) -> list[tuple[str, int, int, float, float, float, float]]:
+    """TP2 all-reduce of Llama-3.1-8B's hidden state per system: (system, tokens, bytes,
+    our analytical model over the catalog link in µs, aiconfigurator's vLLM custom all-reduce
+    eager and CUDA-graph µs, NCCL µs)."""
+    from profiles.aiconfigurator.tables import custom_allreduce_table, nccl_table
+    from profiles.parallel.latency import latency_for_instance
+
+    model = load_model("meta-llama/Llama-3.1-8B")
+    out = []
+    for hw_name, system in SYSTEMS.items():
+        hw = load_hardware(hw_name)
+        lat = latency_for_instance(load_bundle(roofline_bundle(hw, model, 2, cache=cache)), model,
+                                   tp=2, hardware=hw, link_bw_gbs=hw.interconnect_bw_gbs,
+                                   link_latency_ns=hw.interconnect_latency_ns)
+        eager = custom_allreduce_table(system, graph=False)
+        graph = custom_allreduce_table(system, graph=True)
+        nccl = nccl_table(system, "all_reduce")
+        for tokens in COMM_TOKENS:
+            nbytes = tokens * model.hidden_size * 2
+            out.append((system, tokens, nbytes, lat.tp_allreduce_ns(tokens) / 1e3,
+                        eager(2, nbytes), graph(2, nbytes), nccl(2, nbytes)))
+    return out
+
+
+def render_comm(rows: list[tuple[str, int, int, float, float, float, float]]) -> str:
+    lines = [
+        "TP2 all-reduce of Llama-3.1-8B's hidden state (tokens x 4096 x 2 bytes): our "
+        "analytical model over the catalog link (what a sweep uses today) against "
+        "aiconfigurator's measured vLLM custom all-reduce (eager / CUDA graph) and NCCL:",
+        "",
+        "| system | tokens | bytes | analytical µs | custom AR eager µs | custom AR graph µs | "
+        "NCCL µs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for system, tokens, nbytes, ours, eager, graph, nccl in rows:
+        lines.append(f"| {system} | {tokens} | {nbytes} | {ours:.1f} | {eager:.1f} | "
+                     f"{graph:.1f} | {nccl:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_tables(errors: list[ErrorRow], steps: list[tuple[str, str, int, int]]) -> str:
     lines = [
         "Per table, `|derived/measured - 1|` over the measured grid points (signed = median "
@@ -251,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             block += "\n" + render_e2e(end_to_end(args.data, cache, Path(tmp) / "e2e"))
         if args.per_gpu:
             block += "\n" + render_per_gpu(per_gpu_errors(cache))
+            block += "\n" + render_comm(comm_rows(cache))
     print(block)
     if args.doc is not None:
         write_doc(args.doc, block)

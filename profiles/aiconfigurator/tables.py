@@ -563,12 +563,31 @@ def _collective(path: Path, frame: pd.DataFrame, kernel: str) -> CollectiveTable
     return CollectiveTable(path=path, kernel=kernel, by_gpus=by_gpus)
 
 
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else -1 for p in v.split("."))
+
+
+def _newest_with(spec: SystemSpec, op: str, filename: str) -> str:
+    """The system's vLLM version when it has ``filename`` for ``op``, else the newest
+    version at or below it that does (L40S's custom all-reduce: 0.22.0 beside 0.24.0
+    tables), else the newest of all."""
+    base = spec.data_dir / op / "vllm"
+    have = sorted((p.name for p in base.glob("*") if (p / filename).is_file()), key=_version_key)
+    if not have:
+        return spec.vllm_version  # table_path names the missing file
+    older = [v for v in have if _version_key(v) <= _version_key(spec.vllm_version)]
+    return (older or have)[-1]
+
+
 @cache
 def custom_allreduce_table(system: str, graph: bool = False, version: str | None = None
                            ) -> CollectiveTable:
     """vLLM's custom all-reduce (bf16) by GPUs and message bytes; ``graph`` the CUDA-graph
-    captured timing, else eager."""
+    captured timing, else eager; ``version`` defaults to the system's vLLM version (or the
+    newest older one with the table)."""
     spec = load_system(system)
+    if version is None:
+        version = _newest_with(spec, "comm", "custom_allreduce_perf.parquet")
     path = table_path(spec, "comm", "custom_allreduce_perf.parquet", version=version)
     frame = _read_table(path, ["kernel_source", "allreduce_dtype", "num_gpus", "message_size",
                                "latency"])

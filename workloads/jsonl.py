@@ -26,7 +26,6 @@ each). Both hold the same int values a tuple would, so block hashes are unchange
 from __future__ import annotations
 
 import json
-import os
 from array import array
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -43,6 +42,7 @@ from workloads.limits import (
     check_max_model_len_arg,
     file_token_budget,
 )
+from workloads.replay import open_trace
 
 __all__ = ["PLACEHOLDER_ID_BASE", "read_jsonl", "write_jsonl"]
 
@@ -128,20 +128,12 @@ def read_jsonl(
         raise WorkloadError(f"read_jsonl: limit must be None or an int >= 1, got {limit!r}")
     check_max_model_len_arg(max_model_len, "read_jsonl")
     check_budget_arg(max_total_tokens, "read_jsonl")
-    try:
-        fh = p.open("rb")
-    except FileNotFoundError as exc:
-        raise WorkloadError(f"{p}: workload file not found; check the path") from exc
-    except OSError as exc:
-        raise WorkloadError(
-            f"{p}: cannot read the workload file ({exc.strerror}); check the path and permissions"
-        ) from exc
+    p, fh, nbytes = open_trace(p)
     # (arrival, prompt ids or a placeholder count, output_len, output ids) in file order
     rows: list[tuple[int, array | int, int, array | None]] = []
     max_id = -1
     loads = json.loads
     with fh:
-        nbytes = os.fstat(fh.fileno()).st_size
         budget = file_token_budget(nbytes) if max_total_tokens is None else max_total_tokens
         total = 0
         for lineno, line in enumerate(fh, start=1):

@@ -64,6 +64,7 @@ from profiles.aiconfigurator.tables import (
     load_system,
     moe_table,
     system_for,
+    systems_dir,
 )
 from profiles.architecture import load_architecture
 from profiles.bundle import clear_bundle_cache
@@ -374,6 +375,7 @@ def ensure_bundle(hardware: HardwareSpec, model: ModelSpec, tp: int, variant: st
     ``system`` defaults to the aiconfigurator system of ``hardware.name``. The bundle lives at
     ``<cache>/aiconfigurator-<key>/<hardware>/<org>/<model>/<variant>``.
     """
+    systems_dir()  # the package (extra [aiconfigurator], pinned version) before any work
     system = system or system_for(hardware.name)
     factors = factors if factors is not None else load_factors()
     grid = grid if grid is not None else GridSpec()

@@ -13,7 +13,7 @@ The per-request DataFrame uses the layout ``analysis.metrics.compute_metrics`` t
 are integer ns on the engine's monotonic clock, measured from the earliest ``queued_ts``;
 ``arrival_ns`` is the engine receive time (``queued_ts``), the anchor the reference bench
 falls back to because ``arrival_time`` is on another clock (wall clock) -- see
-``groundtruth-observations.md``. ``scheduled_ns`` and the raw ``arrival_time`` (epoch s)
+``docs/reference-semantics.md`` §14. ``scheduled_ns`` and the raw ``arrival_time`` (epoch s)
 are kept.
 """
 
@@ -94,7 +94,7 @@ class MemSpec:
 @dataclass(frozen=True, slots=True)
 class InstanceSpec:
     """One serving instance. Parallelism fields are as written (None when absent); the
-    reference infers the missing ones (``serving-core`` §3.2)."""
+    reference infers the missing ones (``docs/reference-semantics.md`` §3)."""
 
     model_name: str
     hardware: str
@@ -217,7 +217,7 @@ def _instance(obj: Any, where: str) -> InstanceSpec:
 
 
 def parse_cluster_config(data: dict[str, Any], where: str = "cluster config") -> ClusterSpec:
-    """Validate and type an LLMServingSim cluster config (``serving-core`` §3.1).
+    """Validate and type an LLMServingSim cluster config (``docs/reference-semantics.md`` §2).
 
     Checks required keys, ``num_nodes == len(nodes)``, ``num_instances == len(instances)``,
     ``pd_type`` values, memory fields and ``mem_util`` in (0, 1]. Parallelism inference and

@@ -7,7 +7,7 @@ Bandwidths are GB/s with GB = 1e9 B (unlike the network, whose GB is 2**30 B).
 Formulas (integer ns):
 
 * One access of ``m`` bytes to a lower tier (host DRAM or CXL), the reference's memory-load
-  cost (serving-core §9.7, ASTRA-Sim's analytical remote memory):
+  cost (docs/reference-semantics.md §11, ASTRA-Sim's analytical remote memory):
   ``latency + floor(m / (bw*1e9) * 1e9)``. The HBM side is not charged: reads and writes of
   local HBM are part of the profiled kernel times.
 * A transfer between the NPU and a lower tier (KV recall, weight streaming) costs one such
@@ -16,7 +16,7 @@ Formulas (integer ns):
   node's host DRAM serves one request at a time, a CXL pool one at a time overall, FIFO;
   HBM does not queue): ``MemoryTier.serialised`` says which, and the engine's prefix-cache
   tiers (``engine.kv_tiers.KVTierPool.load_ns``) bill the recall that way, as the reference
-  bills it on every NPU (serving-core §9.7).
+  bills it on every NPU (docs/reference-semantics.md §11).
 * The per-iteration host I/O term (the token ids' load) is part of the step price
   (``profiles.latency``, ``profiles.parallel.latency``).
 """

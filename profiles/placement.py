@@ -1,13 +1,13 @@
 """Weight placement: layers whose weights live in host DRAM or a CXL device stream in every step.
 
-The reference cluster config's ``placement`` block (serving core §3.4) assigns each layer's
-weights to ``npu`` (HBM, the default), ``cpu`` (the node's host DRAM) or ``cxl:<i>`` (one device
-of the CXL pool), by layer name (``embedding``, ``final_layernorm``, ``lm_head``) over
-per-block ranges (``"0-3,5"``) over a default. Weights that are not in HBM are loaded for every
-step: each device serves its loads one after another in layer order (``latency + bytes/bw``,
-GB = 1e9 B, as ``astra_bridge.memory``), all devices in parallel, and a layer computes once its
-weights have arrived and the previous layer has finished. :class:`WeightStreamingLatency` wraps a
-step-latency model with that schedule.
+The reference cluster config's ``placement`` block (docs/reference-semantics.md §5) assigns
+each layer's weights to ``npu`` (HBM, the default), ``cpu`` (the node's host DRAM) or
+``cxl:<i>`` (one device of the CXL pool), by layer name (``embedding``, ``final_layernorm``,
+``lm_head``) over per-block ranges (``"0-3,5"``) over a default. Weights that are not in HBM are
+loaded for every step: each device serves its loads one after another in layer order
+(``latency + bytes/bw``, GB = 1e9 B, as ``astra_bridge.memory``), all devices in parallel, and a
+layer computes once its weights have arrived and the previous layer has finished.
+:class:`WeightStreamingLatency` wraps a step-latency model with that schedule.
 """
 
 from __future__ import annotations

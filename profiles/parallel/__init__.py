@@ -11,7 +11,7 @@ One module per job:
 * :mod:`profiles.parallel.pd_transfer`: the prefill-to-decode KV hand-off (the engine's
   ``KvTransfer``).
 
-The formulas follow the reference simulator's trace + ASTRA-Sim graph (timing model
-§2.8-2.14, §3.2, §3.6); the collectives are priced by :mod:`astra_bridge` (the embedded
+The formulas follow the reference simulator's trace + ASTRA-Sim graph (docs/reference-semantics.md
+§6-§8); the collectives are priced by :mod:`astra_bridge` (the embedded
 analytical model, or an ASTRA-Sim binary: :class:`astra_bridge.CommBackend`).
 """

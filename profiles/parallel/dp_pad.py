@@ -2,7 +2,7 @@
 
 The engine's ``engine.deployment.DpPad``: given each member's batch (None for an idle
 member), the shapes the members run in one round. :class:`VllmDpPad` is vLLM 0.19's rule,
-:func:`pad_dp_group` the reference simulator's (timing model §2.8).
+:func:`pad_dp_group` the reference simulator's (docs/reference-semantics.md §6.4).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ def pad_dp_group(shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
     """Shapes the members of a DP group run in one lock-step round.
 
     ``None`` (an idle member) becomes :func:`dummy_batch`. Every batch is then padded to the
-    group's largest ``total_tokens`` m as the reference does (timing model §2.8): the pad counts
-    as dummy decodes, so ``total_tokens = m`` and ``num_seqs`` grows by the pad (dense rows, MoE,
-    lm_head and sampler see it) while the attention fields (``num_decode`` and the decode KV
-    statistics) keep only the real entries. An all-idle group yields no round (empty list).
+    group's largest ``total_tokens`` m as the reference does (docs/reference-semantics.md
+    §6.4): the pad counts as dummy decodes, so ``total_tokens = m`` and ``num_seqs`` grows by
+    the pad (dense rows, MoE, lm_head and sampler see it) while the attention fields
+    (``num_decode`` and the decode KV statistics) keep only the real entries. An all-idle group
+    yields no round (empty list).
     """
     real = _with_dummies(shapes, "pad_dp_group")
     return _pad_to(real, max(s.total_tokens for s in real), sampled=True) if real else []

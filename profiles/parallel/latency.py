@@ -4,7 +4,7 @@ A :class:`ParallelLatencyModel` composes a per-rank compute model (a
 :class:`~profiles.latency.ProfiledLatencyModel` built without host I/O, or any
 :class:`RankCompute`) with a network (:class:`astra_bridge.Network`: the embedded analytical
 model or an ASTRA-Sim binary), the way the reference simulator's trace + ASTRA-Sim graph do
-(timing model §2.8-2.14, §3.2, §3.6):
+(docs/reference-semantics.md §6-§8):
 
 * **TP**: an all-reduce of the full output tensor (``T*H*fp`` bytes, T = total scheduled tokens)
   after every ``o_proj`` and ``down_proj`` row of a block when ``tp > 1`` (two per dense block,
@@ -41,7 +41,7 @@ from profiles.bundle import ProfileBundle, load_bundle, variant_name
 from profiles.latency import ProfiledLatencyModel
 from profiles.parallel.layout import ParallelLayout, build_network
 
-# The rows after which the reference attaches a TP all-reduce (timing model §2.9).
+# The rows after which the reference attaches a TP all-reduce (docs/reference-semantics.md §6.2).
 TP_ALLREDUCE_ROWS = ("o_proj", "down_proj")
 _MAX_CACHE = 1 << 20
 

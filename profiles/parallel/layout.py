@@ -1,8 +1,9 @@
 """The parallel layout of one instance and the network it spans.
 
 * :class:`ParallelLayout`: TP / PP / EP degrees and the DP group size, with the reference's
-  validation (serving core §3.2), vLLM's split of the blocks over pipeline stages, and the
-  topology dimensions and collective masks the reference generates (timing model §2.10).
+  validation (docs/reference-semantics.md §3), vLLM's split of the blocks over pipeline
+  stages, and the topology dimensions and collective masks the reference generates
+  (docs/reference-semantics.md §4).
 * :func:`layout_for_instance`: the reference cluster JSON's parallelism inference.
 * :func:`build_network`: the reference's FullyConnected network of a layout, priced by a
   :class:`astra_bridge.CommBackend` (the analytical model by default).
@@ -36,7 +37,7 @@ class ParallelLayout:
                 raise ConfigError(f"{name} = {v!r}: parallel degree must be an integer >= 1")
 
     def check(self, model: ModelSpec) -> None:
-        """The reference's validation (serving core §3.2) for this model."""
+        """The reference's validation (docs/reference-semantics.md §3) for this model."""
         if self.pp > model.num_layers:
             raise ConfigError(
                 f"pp = {self.pp}: more pipeline stages than the {model.num_layers} layers of "
@@ -87,7 +88,8 @@ class ParallelLayout:
         return (True,) + (False,) * (n - 1)
 
     def ep_flags(self) -> tuple[bool, ...]:
-        """Involved dimensions of an EP collective (serving core §3.3); never the PP dim."""
+        """Involved dimensions of an EP collective (docs/reference-semantics.md §4); never the
+        PP dim."""
         n = len(self.dim_sizes())
         if self.dp == 1 or self.ep <= self.tp:
             return (True,) + (False,) * (n - 1)
@@ -106,7 +108,7 @@ class ParallelLayout:
 
 
 def layout_for_instance(inst: Any, instances: Sequence[Any], model: ModelSpec) -> ParallelLayout:
-    """The reference's parallelism inference (serving core §3.2) for one instance.
+    """The reference's parallelism inference (docs/reference-semantics.md §3) for one instance.
 
     ``inst`` has the reference cluster JSON's optional ``num_npus``, ``tp_size``, ``pp_size``,
     ``ep_size`` and ``dp_group`` fields (e.g. :class:`analysis.groundtruth.InstanceSpec`);

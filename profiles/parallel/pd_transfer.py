@@ -1,4 +1,4 @@
-"""The prefill-to-decode KV hand-off of a P/D deployment, as the reference prices it (§2.12).
+"""The prefill-to-decode KV hand-off, as the reference prices it (docs/reference-semantics.md §7).
 
 A prefill instance's ranks each send their share of the request's K+V to a decode peer: the
 reference models the peer as a shadow NPU one dimension away (``[tp*pp, 2]``, the second

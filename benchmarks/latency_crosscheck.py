@@ -2,8 +2,8 @@
 
 Two sources of reference iteration times:
 
-1. Hand-derived batches with known reference times (timing-model spec, verification log, and
-   the serving-core worked micro-trace): :func:`verification_cases`.
+1. Hand-derived batches with known reference times (docs/reference-semantics.md §13: the
+   reference's iteration times and its first request's micro-trace): :func:`verification_cases`.
 2. Pure-decode iterations recovered from the reference's per-request output
    (``groundtruth/*/peer_sim/sim.csv``): every token completion time is known (arrival + TTFT,
    then the ITL gaps). An iteration (prev, t] is kept only when every request present at

@@ -4,7 +4,7 @@
 
 Prints, side by side:
 
-1. Timing model §3.6: the TP=2 all-reduce sizes measured on the reference, vs ours.
+1. docs/reference-semantics.md §8: the TP=2 all-reduce sizes measured on the reference, vs ours.
 2. Qwen3-32B TP=2 (``groundtruth/.../peer_sim/sim.csv``): every recoverable pure-decode
    iteration, reference time vs ours (compute + 128 all-reduces + host I/O).
 3. Qwen3-30B-A3B DP=2 x EP=2: one-request iterations, reference vs the lock-step member time.
@@ -60,12 +60,13 @@ from workloads import read_jsonl  # noqa: E402
 
 HW = "RTXPRO6000"
 GT = Path("llmservingsim") / "groundtruth" / HW
-# timing model §3.6: measured TP=2 all-reduce per size (bytes -> ns, averaged over 128 / step)
+# docs/reference-semantics.md §8: measured TP=2 all-reduce per size (bytes -> ns, averaged over
+# 128 / step)
 AR_FIT = {10_240: 40_635.0, 14_755_840: 912_789.3, 20_971_520: 1_280_427.5}
-# timing model §3.6: DP=2 x EP=2 (Qwen3-30B-A3B, topology [1, 2]): measured per MoE layer
-# (48 per step) for a wave of T tokens: the AG + RS pair plus, spread over the layers, what else
-# the step paid beyond compute: the idle member's 1 ms re-poll (T = 1), host I/O 2*floor(4T/256)
-# (T = 2048).
+# docs/reference-semantics.md §8: DP=2 x EP=2 (Qwen3-30B-A3B, topology [1, 2]): measured per MoE
+# layer (48 per step) for a wave of T tokens: the AG + RS pair plus, spread over the layers, what
+# else the step paid beyond compute: the idle member's 1 ms re-poll (T = 1), host I/O
+# 2*floor(4T/256) (T = 2048).
 DP_EP_FIT = {1: (61_248.3, 1_000_000), 2048: (551_458.3, 64)}
 # scenario key (reference_outputs/example_<key>_run.csv) -> cluster config
 SCENARIOS = {

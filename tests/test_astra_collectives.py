@@ -40,8 +40,8 @@ def test_ring_all_reduce_two_npus_by_hand() -> None:
 
 
 def test_reference_tp2_all_reduce_of_one_token() -> None:
-    # Timing model §3.6: Qwen3-32B TP=2, FullyConnected [2], 16 GB/s, 20 us, local-mem-bw 1597:
-    # 40,635 ns per all-reduce of 10,240 B.
+    # docs/reference-semantics.md §8: Qwen3-32B TP=2, FullyConnected [2], 16 GB/s, 20 us,
+    # local-mem-bw 1597: 40,635 ns per all-reduce of 10,240 B.
     nm = NetworkModel.from_params(
         2, intra_bandwidth_gbps=16, intra_latency_ns=20000, local_mem_bw_gbps=1597
     )

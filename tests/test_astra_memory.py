@@ -10,7 +10,7 @@ from engine.specs import ConfigError
 
 def test_kv_recall_from_host_is_latency_plus_stream() -> None:
     host = MemoryTier(TierKind.HOST_DRAM, 256, 250)
-    chunk = 32 * 2**20  # one LMCache chunk of Llama-8B (serving-core §10.4)
+    chunk = 32 * 2**20  # one LMCache chunk of Llama-8B (docs/reference-semantics.md §10)
     assert host.access_ns(chunk) == 250 + 131072
     assert host.stream_ns(chunk) == 131072
     assert host.access_ns(0) == 250

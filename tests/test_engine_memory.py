@@ -20,7 +20,7 @@ def _hw(gib: float) -> HardwareSpec:
 @pytest.mark.parametrize(
     ("model", "gib", "tp", "util", "blocks"),
     [
-        # Independently computed vectors of the formula (serving-core spec §10.3).
+        # Independently computed vectors of the formula (docs/reference-semantics.md §9).
         ("meta-llama/Llama-3.1-8B", 24, 1, 0.9, 3400),
         ("meta-llama/Llama-3.1-8B", 24, 1, 0.833919, 2588),
         ("meta-llama/Llama-3.1-8B", 96, 1, 0.9, 36578),

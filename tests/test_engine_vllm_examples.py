@@ -1,5 +1,5 @@
 """The worked examples of vLLM 0.19.1's real Scheduler/KVCacheManager (traces recorded on a
-CPU, see ../shared/docs/vllm-v1-kv-and-scheduler.md §12), replayed on our engine."""
+CPU, see docs/reference-semantics.md §15-§17), replayed on our engine."""
 
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ def test_async_scheduling_skips_certainly_finished_step() -> None:
 
 
 def test_chunked_prefill_off_requires_whole_prompt_in_budget() -> None:
-    # vLLM §12.5: budget 64, c1 = 50, c2 = 30 tokens, chunked prefill off.
+    # docs/reference-semantics.md §15 case 3: budget 64, c1 = 50, c2 = 30 tokens, chunked prefill
+    # off.
     h = Harness(100, budget=64, max_model_len=64)
     h.sched.chunked_prefill = False
     h.add("c1", toks(0, 50), 3)

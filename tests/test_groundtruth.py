@@ -19,7 +19,7 @@ from analysis.groundtruth import (
 from analysis.metrics import VALIDATION_METRICS, compute_metrics
 from engine.specs import ConfigError, EngineConfig
 
-# vLLM columns of the committed validation summaries (timing-model spec §5.4), ms, in
+# vLLM columns of the committed validation summaries (docs/reference-semantics.md §13), ms, in
 # VALIDATION_METRICS order: TTFT, TPOT, Latency x mean/median/p90/p95/p99.
 REFERENCE_VLLM = {
     "Llama-3.1-8B": [

@@ -77,7 +77,8 @@ def test_capacity_from_bytes_floors_to_whole_chunks() -> None:
     assert p.num_chunks == 3
     assert p.bytes_per_chunk == 256 * BPT
     assert p.capacity_bytes == 3 * 256 * BPT
-    # Reference example (serving-core §10.4): Llama-8B tp1, 512 GB CPU -> 16,384 chunks of 32 MiB.
+    # Reference example (docs/reference-semantics.md §10): Llama-8B tp1, 512 GB CPU -> 16,384
+    # chunks of 32 MiB.
     llama = KVTierPool(
         "cpu", CPU, capacity_bytes=512 * 2**30, chunk_tokens=256, kv_bytes_per_token=131_072
     )
@@ -351,8 +352,8 @@ def test_tiers_off_manager_reports_npu_only() -> None:
 
 
 def test_block_sized_chunks_load_the_block_the_npu_cap_excluded() -> None:
-    """vLLM §11.22 with offloaded block = NPU block: a full-prompt hit loads the last block the
-    NPU's ``num_tokens - 1`` cap left out, then recomputes one token."""
+    """docs/reference-semantics.md §18 with offloaded block = NPU block: a full-prompt hit loads
+    the last block the NPU's ``num_tokens - 1`` cap left out, then recomputes one token."""
     cpu = pool(64, chunk_tokens=16)
     h = TierHarness(100, [cpu])
     h.add("a", toks(0, 512), 1)

@@ -93,9 +93,9 @@ def test_a_divergent_decision_is_reported_at_its_tick():
 
 
 def test_async_driver_schedules_ahead_without_adding_a_step():
-    """Depth 2 (vLLM 0.19 §12.7): an idle engine schedules the prefill and, at once, the
-    first decode; the prefill's output is applied in the same GPU step as in sync mode, and
-    the 40-token request with 3 outputs finishes after three steps either way."""
+    """Depth 2 (docs/reference-semantics.md §17): an idle engine schedules the prefill and, at
+    once, the first decode; the prefill's output is applied in the same GPU step as in sync
+    mode, and the 40-token request with 3 outputs finishes after three steps either way."""
     spec = _specs(1, 40, 3)
     for asyn in (False, True):
         lane = Lane(

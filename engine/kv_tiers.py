@@ -6,8 +6,10 @@ fine-grained chained hash of the *last* NPU block inside it, ``block_hashes[f*c 
 ``f = C/B``, as vLLM's OffloadingConnector does: the hashes chain, so that one key names the whole
 prefix up to the end of the chunk. A trailing partial chunk is never stored.
 
-What happens when (vLLM ``OffloadingConnector`` scheduler side, docs §10.2, with the load done
-synchronously inside the admitting step as LMCache's adapter does):
+What happens when (vLLM ``OffloadingConnector`` scheduler side,
+``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``, see
+docs/reference-semantics.md §18; with the load done synchronously inside the admitting step as
+LMCache's adapter does):
 
 * **Write-through.** Whenever the NPU registers full blocks in its prefix cache, every newly
   completed chunk is stored in every tier (prompt and decode-produced chunks alike). Chunks

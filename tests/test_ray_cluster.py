@@ -16,12 +16,17 @@ import pytest
 
 from hydra_plugins.ray_actor_launcher import ray_cluster
 from hydra_plugins.ray_actor_launcher.ray_cluster import (
-    RayExposedError,
     listening_sockets,
     non_loopback_listeners,
     process_tree,
-    start_ray,
 )
+
+# Hydra's plugin scan re-executes plugin modules in place: take the error class and the
+# function from the module at call time, not from an import made before the scan.
+
+
+def start_ray(*args, **kwargs):
+    return ray_cluster.start_ray(*args, **kwargs)
 
 REPO = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
@@ -76,7 +81,7 @@ class FakeRay:
 def test_local_ray_refused_when_node_address_is_external(monkeypatch):
     monkeypatch.delenv(ray_cluster.SINGLE_MACHINE_ENV, raising=False)
     fake = FakeRay("192.0.2.7")
-    with pytest.raises(RayExposedError, match="192.0.2.7"):
+    with pytest.raises(ray_cluster.RayExposedError, match="192.0.2.7"):
         start_ray(fake, "local", {"num_cpus": 2})
     assert [c for c, _ in fake.calls] == ["init", "shutdown"]
     init = fake.calls[0][1]
@@ -88,7 +93,7 @@ def test_local_dashboard_stays_on_loopback(monkeypatch):
     fake = FakeRay("127.0.0.1")
     start_ray(fake, "local", {"include_dashboard": True})
     assert fake.calls[0][1]["dashboard_host"] == "127.0.0.1"
-    with pytest.raises(RayExposedError, match="dashboard_host='0.0.0.0'"):
+    with pytest.raises(ray_cluster.RayExposedError, match="dashboard_host='0.0.0.0'"):
         start_ray(FakeRay("127.0.0.1"), None, {"include_dashboard": True,
                                                "dashboard_host": "0.0.0.0"})
 

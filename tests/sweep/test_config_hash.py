@@ -16,7 +16,7 @@ from sweep.recorder import task_config
 from sweep.resume import FinishedIndex, finished_counts
 from sweep.schema import register
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 register()
 pytestmark = [
     pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning"),

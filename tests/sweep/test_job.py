@@ -22,7 +22,7 @@ from sweep.recorder import RESULTS_FILE, SweepRecorder, read_results_table
 from sweep.schema import register
 from sweep.summarize import main as summarize_main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 register()
 
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")

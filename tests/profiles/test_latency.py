@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_profiles_bundle import DENSE_LAYERS, attn_us, dense_us, write_bundle
 
 from engine.batch import BatchShape
 from engine.specs import ConfigError, ModelSpec
@@ -26,6 +25,7 @@ from profiles.latency import (
     interp1d_many,
     locate,
 )
+from tests.profiles.test_bundle import DENSE_LAYERS, attn_us, dense_us, write_bundle
 
 TINY = ModelSpec(name="test/tiny", model_type="llama", num_layers=2, hidden_size=64,
                  num_attention_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,

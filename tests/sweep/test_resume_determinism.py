@@ -36,7 +36,7 @@ from tests.sweep_helpers import run_sweep, sweep_env, table
 
 ray = pytest.importorskip("ray")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.ray,
     pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning"),

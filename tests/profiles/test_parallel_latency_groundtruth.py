@@ -18,7 +18,7 @@ pytestmark = pytest.mark.groundtruth
 
 _SPEC = importlib.util.spec_from_file_location(
     "parallel_crosscheck",
-    Path(__file__).resolve().parents[1] / "benchmarks" / "parallel_crosscheck.py",
+    Path(__file__).resolve().parents[2] / "benchmarks" / "parallel_crosscheck.py",
 )
 pc = importlib.util.module_from_spec(_SPEC)
 sys.modules.setdefault("parallel_crosscheck", pc)

@@ -53,7 +53,7 @@ VALUES: dict[str, list[str]] = {
     "workload.shared_prefix_len": ["-1", "0", "16", "100000"],
     "workload.num_prefix_groups": ["-1", "0", "1", "3"],
     "workload.seed": ["-1", "0", "7", "4294967295", "99999999999"],
-    "workload.kind": ["synthetic", "replay"],  # trace files: tests/test_fuzz_workload.py
+    "workload.kind": ["synthetic", "replay"],  # trace files: tests/workloads/test_jsonl_fuzz.py
     "slo.bounds.ttft_ms_p99": ["null", "-1", "0", "nan", "100"],
     "slo.goodput.tpot_ms": ["null", "-5", "inf"],
     "hardware.cost_per_hour": ["null", "-1", "0", "nan", "3.5"],

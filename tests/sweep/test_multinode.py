@@ -31,7 +31,7 @@ from sweep.recorder import RESULTS_FILE, read_results_table
 from sweep.resume import finished_counts
 from tests.store_helpers import finished_points
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.ray,

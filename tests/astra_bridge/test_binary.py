@@ -249,7 +249,7 @@ def _sweep_cfg(overrides: list[str]):
 
     register()
     GlobalHydra.instance().clear()
-    conf = Path(__file__).resolve().parents[1] / "conf"
+    conf = Path(__file__).resolve().parents[2] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     GlobalHydra.instance().clear()

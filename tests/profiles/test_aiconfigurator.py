@@ -2,7 +2,7 @@
 physical floors, every system, and validation on the RTX PRO 6000 ground truth.
 
 Skipped (with the reason) when aiconfigurator-core 0.12.0 is not installed: it is the
-optional extra ``servesweep[aiconfigurator]``. tests/test_aiconfigurator_config.py covers
+optional extra ``servesweep[aiconfigurator]``. tests/profiles/test_aiconfigurator_config.py covers
 what works without it (the error naming the extra, the system map).
 """
 

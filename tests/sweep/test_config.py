@@ -15,7 +15,7 @@ from profiles.catalog import list_hardware, list_models
 from sweep.schema import register
 from sweep.validate import check_config
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 register()
 pytestmark = pytest.mark.usefixtures("hydra_conf")
 

@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_profiles_bundle import write_bundle
 
 from astra_bridge.memory import MemoryTier, TierKind
 from engine.memory import kv_capacity
@@ -25,6 +24,7 @@ from profiles.deployment import (
 from profiles.parallel.dp_pad import VllmDpPad, cudagraph_max_tokens, pad_dp_group
 from profiles.parallel.latency import ParallelLatencyModel
 from profiles.parallel.pd_transfer import ClusterKvTransfer
+from tests.profiles.test_bundle import write_bundle
 
 HW = load_hardware("RTXPRO6000")
 LLAMA = load_model("meta-llama/Llama-3.1-8B")

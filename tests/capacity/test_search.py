@@ -289,7 +289,7 @@ def test_verify_fleet_behind_the_router() -> None:
     from capacity.verify import verify_fleet
 
     register()
-    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    conf = str(Path(__file__).resolve().parents[2] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         cfg = compose("config", overrides=["hardware=h100_sxm", "workload.num_requests=300"])
     point = OmegaConf.to_container(cfg, resolve=True)

@@ -28,7 +28,7 @@ from hydra_plugins.ray_actor_launcher.ray_cluster import (
 def start_ray(*args, **kwargs):
     return ray_cluster.start_ray(*args, **kwargs)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 linux_only = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
 

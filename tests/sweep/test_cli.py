@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from sweep.recorder import RESULTS_FILE, read_results_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.ray,

@@ -14,7 +14,7 @@ from engine.batch import BatchShape
 pytestmark = pytest.mark.groundtruth
 
 _SPEC = importlib.util.spec_from_file_location(
-    "latency_crosscheck", Path(__file__).resolve().parents[1] / "benchmarks" / "latency_crosscheck.py"
+    "latency_crosscheck", Path(__file__).resolve().parents[2] / "benchmarks" / "latency_crosscheck.py"
 )
 xc = importlib.util.module_from_spec(_SPEC)
 sys.modules.setdefault("latency_crosscheck", xc)

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from benchmarks.roofline_error import E2E_METRICS, GROUNDTRUTH, SHAPES
+from benchmarks.roofline_error import E2E_METRICS, GROUNDTRUTH, SHAPES, write_doc
 from profiles.aiconfigurator import PINNED_VERSION, SYSTEMS, ensure_bundle
 from profiles.bundle import clear_bundle_cache, load_bundle
 from profiles.catalog import list_models, load_hardware, load_model
@@ -272,15 +272,6 @@ def render_per_gpu(rows: list[ErrorRow]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_doc(doc: Path, block: str) -> None:
-    text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{doc}: markers {BEGIN} / {END} not found")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{BEGIN}\n{block}{END}{tail}")
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=default_data_dir(), help="shared data folder")
@@ -300,7 +291,7 @@ def main(argv: list[str] | None = None) -> None:
             block += "\n" + render_comm(comm_rows(cache))
     print(block)
     if args.doc is not None:
-        write_doc(args.doc, block)
+        write_doc(args.doc, block, BEGIN, END)
 
 
 if __name__ == "__main__":

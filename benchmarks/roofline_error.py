@@ -158,13 +158,14 @@ def render(errors: list[ErrorRow], steps: list[tuple[str, str, int, int]]) -> st
     return "\n".join(lines) + "\n"
 
 
-def write_doc(doc: Path, block: str) -> None:
+def write_doc(doc: Path, block: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what stands between the ``begin`` and ``end`` markers of ``doc`` by ``block``."""
     text = doc.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{doc}: markers {BEGIN} / {END} not found")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{BEGIN}\n{block}{END}{tail}")
+    if begin not in text or end not in text:
+        raise SystemExit(f"{doc}: markers {begin} / {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{begin}\n{block}{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> None:

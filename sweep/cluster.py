@@ -53,15 +53,6 @@ CXL_TIER = (1024.0, 60.0, 250.0)
 DEFAULT_LINK_BW_GBS = 16.0
 
 
-def gpus_per_point(cl: Any) -> int:
-    return (
-        int(cl.num_instances)
-        * int(cl.data_parallel_size)
-        * int(cl.tensor_parallel_size)
-        * int(cl.pipeline_parallel_size)
-    )
-
-
 def comm_backend(cl: Any) -> CommBackend:
     """The point's collective backend; a bad value names ``cluster.comm_backend`` or
     ``cluster.astra_sim_binary``. A relative binary path is taken from the directory the sweep

@@ -1,10 +1,10 @@
 """The one place where a composed sweep config becomes engine calls and plain results.
 
-``run_point(cfg)`` builds the specs, the latency model and the workload, runs
-``engine.simulate`` and returns plain data (numbers, lists, Parquet bytes) that can cross
-process boundaries and be logged by the driver. Loaded specs, latency models (profile
-bundles) and workloads are cached at module level, so a long-lived Ray actor keeps them
-warm across the jobs it runs.
+``run_point(cfg)`` builds the point's deployment (``sweep.cluster.build_deployment``, the one
+assembly) and workload, runs ``engine.simulate_deployment`` and returns plain data (numbers,
+lists, Parquet bytes) that can cross process boundaries and be logged by the driver. Loaded
+specs, profile bundles and workloads are cached at module level, so a long-lived Ray actor
+keeps them warm across the jobs it runs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from engine.simulate import simulate_deployment
 from engine.specs import GIB
 from profiles.catalog import load_hardware, load_model
 from profiles.deployment import bundle_sources
-from sweep.cluster import build_deployment, deployment_plan, gpus_per_point
+from sweep.cluster import build_deployment, deployment_plan
 from sweep.validate import check_config, resolve_path
 from workloads.config import build as build_requests
 
@@ -102,13 +102,12 @@ def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def deployment_usd_per_hour(cfg: DictConfig, hw: HardwareSpec) -> tuple[float, int]:
-    """``(USD per hour, GPUs)`` of the point's deployment: every GPU of the cluster shape at
-    ``hardware.cost_per_hour`` (default: the catalog price)."""
+def deployment_usd_per_hour(cfg: DictConfig, hw: HardwareSpec, gpus: int) -> float:
+    """USD per hour of the point's deployment: its ``gpus`` (``Deployment.num_gpus``, the one
+    count) at ``hardware.cost_per_hour`` (default: the catalog price)."""
     price = cfg.hardware.cost_per_hour
     gpu_hour = hw.cost_per_hour if price is None else float(price)
-    gpus = gpus_per_point(cfg.cluster)
-    return gpu_hour * gpus, gpus
+    return gpu_hour * gpus
 
 
 def _parquet_bytes(frame: pd.DataFrame) -> bytes:
@@ -138,7 +137,8 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     workload = build_workload(cfg, model)
     result = simulate_deployment(pc, workload, seed=int(cfg.workload.seed))
     requests = result.requests
-    usd_per_hour, gpus = deployment_usd_per_hour(cfg, hw)
+    gpus = pc.num_gpus
+    usd_per_hour = deployment_usd_per_hour(cfg, hw, gpus)
     answers = point_answers(requests, SloSpec.from_config(cfg.slo), usd_per_hour, gpus)
     metrics = dict(answers.metrics)
     metrics.update(_engine_metrics(result, requests))

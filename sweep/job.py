@@ -24,7 +24,6 @@ from analysis.slo import SloSpec
 from engine import HardwareSpec, ModelSpec, RequestSpec
 from engine.deployment import Deployment
 from engine.simulate import simulate_deployment
-from engine.specs import GIB
 from profiles.catalog import load_hardware, load_model
 from profiles.deployment import bundle_sources
 from sweep.cluster import build_deployment, deployment_plan
@@ -98,7 +97,7 @@ def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
         "num_steps": float(result.num_steps),
         "kv_num_blocks": float(cap.num_blocks),
         "kv_tokens": float(cap.tokens),
-        "kv_gib_per_rank": cap.num_blocks * cap.bytes_per_block / GIB,
+        "kv_gib_per_rank": cap.gib_per_rank,
     }
 
 

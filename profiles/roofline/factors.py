@@ -28,6 +28,7 @@ Attention calls without a prefill chunk run a different (split-KV) kernel and us
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -154,8 +155,19 @@ def factors_from_dict(data: object, source: str = "<dict>") -> RooflineFactors:
 
 
 def load_factors(path: str | Path | None = None) -> RooflineFactors:
-    """Read factors from ``path`` (default: the fitted ``profiles/roofline/factors.yaml``)."""
+    """Read factors from ``path`` (default: the fitted ``profiles/roofline/factors.yaml``);
+    parsed once per file version (every sweep point asks, and the YAML takes ~70 ms)."""
     p = Path(path) if path is not None else DEFAULT_FACTORS_PATH
+    try:
+        version = p.stat().st_mtime_ns
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read roofline factors ({exc})") from exc
+    return _parsed_factors(str(p), version)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_factors(path: str, version: int) -> RooflineFactors:
+    p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
     except OSError as exc:

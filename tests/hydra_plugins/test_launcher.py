@@ -79,7 +79,7 @@ class ListRecorder:
 
 
 def sleepy_task(cfg: DictConfig):
-    """Job x == 0 is slow, so it finishes last; x == 3 raises, x == 4 kills its actor."""
+    """Job x == 0 is slow, so others finish before it; x == 3 raises, x == 4 kills its actor."""
     time.sleep(3.0 if cfg.x == 0 else 0.05)
     if cfg.x == 3:
         raise ValueError("x=3 is cursed")
@@ -118,8 +118,9 @@ def test_results_in_job_order_and_failures_recorded(hydra_sweep_runner, tmp_path
     done = dict(RECORDED[1:-1])
     assert sorted(done) == list(range(6))
     assert done[3] == done[4] == "FAILED" and done[0] == "COMPLETED"
-    # the slow first job finished after all the others: results arrived out of order
-    assert RECORDED[-2][0] == 0
+    # the slow first job finished after others: results arrived out of order (not "last":
+    # under load, the crashed actor's replacement can start after job 0 is done)
+    assert RECORDED[1][0] != 0
 
 
 def test_job_timeout_kills_the_actor_and_the_sweep_goes_on(hydra_sweep_runner, tmp_path):

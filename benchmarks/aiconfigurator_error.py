@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from benchmarks.roofline_error import E2E_METRICS, GROUNDTRUTH, SHAPES, write_doc
+from benchmarks.roofline_error import GROUNDTRUTH, SHAPES, _pct, render_e2e, write_doc
 from profiles.aiconfigurator import PINNED_VERSION, SYSTEMS, ensure_bundle
 from profiles.bundle import clear_bundle_cache, load_bundle
 from profiles.catalog import list_models, load_hardware, load_model
@@ -51,10 +51,6 @@ from profiles.roofline.generate import CACHE_ENV
 
 BEGIN, END = "<!-- aiconfigurator_error:begin -->", "<!-- aiconfigurator_error:end -->"
 HARDWARE = "RTXPRO6000"
-
-
-def _pct(v: float) -> str:
-    return f"{100 * v:.1f}"
 
 
 def _derived(hw_name: str, model_name: str, tp: int, cache: Path) -> Path:
@@ -235,21 +231,9 @@ def render_tables(errors: list[ErrorRow], steps: list[tuple[str, str, int, int]]
     return "\n".join(lines) + "\n"
 
 
-def render_e2e(rows: list[tuple[str, str, dict]]) -> str:
-    head = " | ".join(f"{label} Diff%" for label in E2E_METRICS.values())
-    lines = [
-        "End to end: `analysis.validate.run_validation` on each vLLM ground-truth run (300 "
-        "ShareGPT requests at 10 req/s); Diff% = (sim - vLLM)/vLLM over the 15 validation "
-        "metrics:",
-        "",
-        f"| run | profiles | mean \\|Diff%\\| | max \\|Diff%\\| | {head} |",
-        "|---|---|---:|---:|" + "---:|" * len(E2E_METRICS),
-    ]
-    for example, kind, rep in rows:
-        cells = " | ".join(f"{rep['metrics'][m]['diff_pct']:+.1f}" for m in E2E_METRICS)
-        lines.append(f"| {example} | {kind} | {rep['mean_abs_diff_pct']:.2f} | "
-                     f"{rep['max_abs_diff_pct']:.2f} | {cells} |")
-    return "\n".join(lines) + "\n"
+E2E_INTRO = ("End to end: `analysis.validate.run_validation` on each vLLM ground-truth run (300 "
+             "ShareGPT requests at 10 req/s); Diff% = (sim - vLLM)/vLLM over the 15 validation "
+             "metrics:")
 
 
 def render_per_gpu(rows: list[ErrorRow]) -> str:
@@ -285,7 +269,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[CACHE_ENV] = str(cache)  # validate's generated bundles go there too
         block = render_tables(all_table_errors(args.data, cache), step_errors(args.data, cache))
         if not args.no_e2e:
-            block += "\n" + render_e2e(end_to_end(args.data, cache, Path(tmp) / "e2e"))
+            block += "\n" + render_e2e(end_to_end(args.data, cache, Path(tmp) / "e2e"),
+                                        E2E_INTRO, "profiles")
         if args.per_gpu:
             block += "\n" + render_per_gpu(per_gpu_errors(cache))
             block += "\n" + render_comm(comm_rows(cache))

@@ -96,14 +96,19 @@ def end_to_end(data: Path, workdir: Path) -> list[tuple[str, str, dict]]:
     return out
 
 
-def render_e2e(rows: list[tuple[str, str, dict]]) -> str:
+E2E_INTRO = ("End to end: `analysis.validate.run_validation` replays each vLLM ground-truth run "
+             "(300 ShareGPT requests at 10 req/s) with the measured bundles and with roofline "
+             "bundles; Diff% = (sim - vLLM)/vLLM over the 15 validation metrics:")
+
+
+def render_e2e(rows: list[tuple[str, str, dict]], intro: str = E2E_INTRO,
+               column: str = "profile") -> str:
+    """The end-to-end table: one row per (run, profile kind) validation report."""
     head = " | ".join(f"{label} Diff%" for label in E2E_METRICS.values())
     lines = [
-        "End to end: `analysis.validate.run_validation` replays each vLLM ground-truth run "
-        "(300 ShareGPT requests at 10 req/s) with the measured bundles and with roofline "
-        "bundles; Diff% = (sim - vLLM)/vLLM over the 15 validation metrics:",
+        intro,
         "",
-        f"| run | profile | mean \\|Diff%\\| | max \\|Diff%\\| | {head} |",
+        f"| run | {column} | mean \\|Diff%\\| | max \\|Diff%\\| | {head} |",
         "|---|---|---:|---:|" + "---:|" * len(E2E_METRICS),
     ]
     for example, kind, rep in rows:

@@ -31,10 +31,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from hydra_plugins.ray_actor_launcher.ray_cluster import pid_alive
 from sweep.config_hash import HASH_KEY
 from sweep.resume import FinishedIndex, FinishedPoint
 from sweep.store_lock import store_lock
-from sweep.tracking import Tracker, TrackingWriteError
+from sweep.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +65,6 @@ class Owner:
         return f"{self.host}:{self.pid}:{self.sweep_id}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    try:  # a zombie has exited
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def claim_alive(tags: dict[str, str], now: float, me: Owner,
                 ttl_s: float = CLAIM_TTL_S) -> bool:
     """Whether a ``RUNNING`` run with these tags is a live claim (see the module doc)."""
@@ -97,7 +84,7 @@ def claim_alive(tags: dict[str, str], now: float, me: Owner,
     if host == me.host and pid_text.isdigit():
         if int(pid_text) == os.getpid():  # an earlier sweep of this very process
             return sweep_id in _ACTIVE
-        return _pid_alive(int(pid_text))
+        return pid_alive(int(pid_text))
     return True
 
 
@@ -202,7 +189,7 @@ class Claims:
         try:
             self.tracker.client.set_tag(run_id, CLOSED_BY_TAG, self.owner.tag)
             self.tracker.finish(run_id, "KILLED")
-        except (TrackingWriteError, Exception) as err:  # another sweep closed it first
+        except Exception as err:  # another sweep closed it first, or the store is down
             log.debug(f"closing stale run {run_id}: {err}")
 
     # ---------------------------------------------------------------- claiming

@@ -319,7 +319,12 @@ class RayActorLauncher(Launcher):
         """For a local Ray started here: a check that names the dead head process (raylet
         or GCS) once one has exited, else None. It also keeps ``self._ray_pids`` current,
         so teardown can find workers a dead raylet orphaned."""
-        from hydra_plugins.ray_actor_launcher.ray_cluster import RAY_HEADS, is_local, ray_processes
+        from hydra_plugins.ray_actor_launcher.ray_cluster import (
+            RAY_HEADS,
+            is_local,
+            pid_alive,
+            ray_processes,
+        )
 
         if not (self._started_ray and is_local(self.params.address)):
             return None
@@ -328,7 +333,7 @@ class RayActorLauncher(Launcher):
 
         def check() -> str | None:
             for pid, name in heads.items():
-                if not _alive(pid):
+                if not pid_alive(pid):
                     return f"the local Ray cluster is gone: its {name} (pid {pid}) exited"
             self._ray_pids.update(ray_processes())
             return None
@@ -456,14 +461,6 @@ def check_params(params: DictConfig) -> list[str]:
                 or not math.isfinite(value) or value <= 0):
             bad(key, allowed)
     return problems
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @contextlib.contextmanager

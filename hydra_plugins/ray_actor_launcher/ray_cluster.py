@@ -112,18 +112,36 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-# ------------------------------------------------------------------ listening sockets
+# ------------------------------------------------------------------ processes
+def _stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a ``/proc/<pid>/stat`` after ``(comm)`` (state, ppid, ...), or None when
+    the process is gone; comm may hold spaces and parentheses."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        pass
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    return fields is None or fields[0] != "Z"  # no /proc (not Linux): os.kill decided
+
+
 def process_tree(root: int) -> set[int]:
     """``root`` and every process descended from it (Linux ``/proc``)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # the process ended while we looked
+        fields = _stat_fields(stat)
+        if fields is None:  # the process ended while we looked
             continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        ppid = int(text.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     tree, todo = set(), [root]
     while todo:
         pid = todo.pop()
@@ -133,6 +151,7 @@ def process_tree(root: int) -> set[int]:
     return tree
 
 
+# ------------------------------------------------------------------ listening sockets
 def _socket_inodes(pid: int) -> set[str]:
     inodes = set()
     try:

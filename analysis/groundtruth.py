@@ -7,7 +7,8 @@ Layout of ``<truth>`` (e.g. ``llmservingsim/groundtruth/RTXPRO6000/Llama-3.1-8B`
     vllm/requests.jsonl    per request: input/output tokens, arrival_time (client wall clock,
                            epoch s), queued_ts / scheduled_ts / first_token_ts / last_token_ts
                            (engine monotonic clock, s)
-    vllm/timeseries.csv    per tick: t, prompt/gen throughput, running, waiting, kv_cache_pct
+    vllm/timeseries.csv    optional; per tick: t, prompt/gen throughput, running, waiting,
+                           kv_cache_pct (an empty frame when the folder has none)
 
 The per-request DataFrame uses the layout ``analysis.metrics.compute_metrics`` takes. Times
 are integer ns on the engine's monotonic clock, measured from the earliest ``queued_ts``;
@@ -372,8 +373,9 @@ class GroundTruth:
 
 
 def load_groundtruth(truth: str | Path) -> GroundTruth:
-    """Read ``<truth>/config.json`` and ``<truth>/vllm/{meta.json,requests.jsonl,
-    timeseries.csv}``; missing files or fields raise ``ConfigError`` naming them."""
+    """Read ``<truth>/config.json`` and ``<truth>/vllm/{meta.json,requests.jsonl}`` and, when
+    present, ``<truth>/vllm/timeseries.csv`` (else ``timeseries`` is an empty frame); missing
+    files or fields raise ``ConfigError`` naming them."""
     root = Path(truth)
     if not root.is_dir():
         raise ConfigError(f"{root}: ground-truth folder not found; check the path")
@@ -383,11 +385,12 @@ def load_groundtruth(truth: str | Path) -> GroundTruth:
     kwargs = _need(meta, "engine_kwargs", str(root / "vllm" / "meta.json"))
     if not isinstance(kwargs, dict):
         raise ConfigError(f"{root / 'vllm' / 'meta.json'}.engine_kwargs: must be an object")
+    series = root / "vllm" / "timeseries.csv"
     return GroundTruth(
         path=root,
         meta=meta,
         requests=read_vllm_requests(root / "vllm" / "requests.jsonl"),
-        timeseries=read_timeseries(root / "vllm" / "timeseries.csv"),
+        timeseries=read_timeseries(series) if series.is_file() else pd.DataFrame(),
         cluster=load_cluster_config(root / "config.json"),
     )
 

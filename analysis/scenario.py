@@ -57,7 +57,11 @@ _OVERRIDES = tuple(
 _UNSUPPORTED = ("enable_local_offloading", "enable_attn_offloading", "enable_sub_batch_interleaving")
 
 
-def _model(name: str, model_configs: Path | None, models: dict[str, ModelSpec]) -> ModelSpec:
+def resolve_model(name: str, model_configs: Path | None = None,
+                  models: dict[str, ModelSpec] | None = None) -> ModelSpec:
+    """The model ``name``: from ``models`` (specs that take precedence), the catalog (names
+    and aliases), or ``<model_configs>/<name>.json`` (an HF config), in that order."""
+    models = models or {}
     if name in models:
         return models[name]
     try:
@@ -159,7 +163,7 @@ def reference_plan(
             )
         for k, inst in enumerate(node.instances):
             name = f"instance{index}"
-            model = _model(inst.model_name, mc, models or {})
+            model = resolve_model(inst.model_name, mc, models)
             layout = layout_for_instance(inst, all_insts, model)
             hw = _hardware(inst)
             cfg = _engine_config(inst, model, base, layout, f"nodes[{node_id}].instances[{k}]")

@@ -20,9 +20,17 @@ median, p90, p95, p99 (``statistic``: ``np.mean``, ``np.median``, ``np.percentil
 default linear interpolation). Throughputs divide by the benchmark duration: from
 ``start_ns`` (default: the earliest arrival) to the last completion.
 
-``anchor`` names the column TTFT and E2EL are measured from: ``arrival_ns`` (default: the
-instant the request reaches the engine, what a client sees) or ``queued_ns`` (when the engine
-loop picked it up, vLLM's ``queued_ts``; what the vLLM ground truth records).
+``view`` says whose clock the latencies are read on (``VIEWS``):
+
+- ``client``: from the client's send (``send_ns``) to the client's receipt of each token
+  (``client_first_token_ns``, ``client_finish_ns``, ``client_token_times_ns``), what
+  ``vllm bench serve`` measures and what sweeps, SLOs and capacity searches report. The
+  simulator writes these columns (``engine.frontend`` models the API server in between).
+- ``engine`` (default): from the instant the request reaches the engine core
+  (``arrival_ns``) to the engine's token instants (``first_token_ns``, ``finish_ns``,
+  ``token_times_ns``).
+- ``queued``: as ``engine`` but from when the engine loop picked the request up
+  (``queued_ns``, vLLM's ``queued_ts``; what the shared vLLM ground truth records).
 """
 
 from __future__ import annotations
@@ -57,6 +65,13 @@ THROUGHPUT_KEYS = (
 METRIC_KEYS = tuple(f"{m}_ms_{s}" for m in LATENCY_METRICS for s in STATISTICS) + THROUGHPUT_KEYS
 
 _NS_PER_MS = 1e6
+
+# view -> (start, first token, finish, token times) columns
+VIEWS = {
+    "client": ("send_ns", "client_first_token_ns", "client_finish_ns", "client_token_times_ns"),
+    "engine": ("arrival_ns", "first_token_ns", "finish_ns", "token_times_ns"),
+    "queued": ("queued_ns", "first_token_ns", "finish_ns", "token_times_ns"),
+}
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "Latency"}
 _STAT_LABELS = {"mean": "Mean", "median": "Median", "p90": "P90", "p95": "P95", "p99": "P99"}
 
@@ -117,7 +132,8 @@ class RequestMetrics:
     ``finished`` marks the completed requests; ``ttft_ms``/``e2el_ms`` are NaN for the
     others, ``tpot_ms`` is NaN for them and for one-token requests (no TPOT, as in
     ``vllm bench serve``); ``itl_ms`` holds each request's token gaps. ``arrival_ns`` is the
-    workload's arrival time (whatever the anchor), ``finish_ns`` NaN when unfinished.
+    workload's arrival time, the client's send (``send_ns`` where the table has it) whatever
+    the view; ``finish_ns`` the view's finish, NaN when unfinished.
     """
 
     request_id: np.ndarray
@@ -152,20 +168,25 @@ class RequestMetrics:
         return values
 
 
-def per_request(requests_df: pd.DataFrame, anchor: str = "arrival_ns") -> RequestMetrics:
-    """TTFT, TPOT, ITL and E2E latency (ms) of every request; see the module docstring.
+def per_request(requests_df: pd.DataFrame, view: str = "engine") -> RequestMetrics:
+    """TTFT, TPOT, ITL and E2E latency (ms) of every request on ``view``'s clock; see the
+    module docstring.
 
-    Raises ``ConfigError`` for missing columns or a completed request whose first token
-    precedes its anchor, whose finish precedes its first token, or whose output_len < 1.
+    Raises ``ConfigError`` for an unknown view, missing columns or a completed request whose
+    first token precedes its start, whose finish precedes its first token, or whose
+    output_len < 1.
     """
     _check_columns(requests_df)
-    if anchor not in requests_df.columns:
-        raise ConfigError(
-            f"anchor column {anchor!r} missing from the per-request table; "
-            "use 'arrival_ns' or a table that records it"
-        )
-    first = pd.to_numeric(requests_df["first_token_ns"], errors="coerce").to_numpy(np.float64)
-    finish = pd.to_numeric(requests_df["finish_ns"], errors="coerce").to_numpy(np.float64)
+    if view not in VIEWS:
+        raise ConfigError(f"view={view!r} is not known; use one of {sorted(VIEWS)}")
+    anchor, first_col, finish_col, tokens_col = VIEWS[view]
+    missing = [c for c in (anchor, first_col, finish_col) if c not in requests_df.columns]
+    if missing:
+        have = [v for v, cols in VIEWS.items() if all(c in requests_df.columns for c in cols[:3])]
+        raise ConfigError(f"the per-request table has no {', '.join(missing)} for the {view!r} "
+                          f"view; use a view it records: {have}")
+    first = pd.to_numeric(requests_df[first_col], errors="coerce").to_numpy(np.float64)
+    finish = pd.to_numeric(requests_df[finish_col], errors="coerce").to_numpy(np.float64)
     finished = (first >= 0) & (finish >= 0)
     start = requests_df[anchor].to_numpy(dtype=np.float64)
     out_len = requests_df["output_len"].to_numpy(dtype=np.int64)
@@ -173,11 +194,11 @@ def per_request(requests_df: pd.DataFrame, anchor: str = "arrival_ns") -> Reques
 
     for bad, what in (
         # -1 marks an instant never recorded (queued_ns of a request no engine picked up);
-        # arrival times are the workload's own and may be any value.
-        (start < 0 if anchor != "arrival_ns" else np.zeros(len(start), bool),
+        # arrival and send times are the workload's own and may be any value.
+        (start < 0 if anchor == "queued_ns" else np.zeros(len(start), bool),
          f"{anchor} < 0 (never recorded)"),
-        (first < start, f"first_token_ns < {anchor}"),
-        (finish < first, "finish_ns < first_token_ns"),
+        (first < start, f"{first_col} < {anchor}"),
+        (finish < first, f"{finish_col} < {first_col}"),
         (out_len < 1, "output_len < 1"),
     ):
         bad = bad & finished
@@ -190,11 +211,12 @@ def per_request(requests_df: pd.DataFrame, anchor: str = "arrival_ns") -> Reques
     e2el = np.where(finished, (finish - start) / _NS_PER_MS, nan)
     multi = finished & (out_len > 1)
     tpot = np.where(multi, (e2el - ttft) / np.maximum(out_len - 1, 1), nan)
-    itl = (_itl_gaps(requests_df["token_times_ns"], finished)
-           if "token_times_ns" in requests_df.columns else (np.empty(0),) * len(finished))
+    itl = (_itl_gaps(requests_df[tokens_col], finished)
+           if tokens_col in requests_df.columns else (np.empty(0),) * len(finished))
+    sent = "send_ns" if "send_ns" in requests_df.columns else "arrival_ns"
     return RequestMetrics(
         request_id=ids, finished=finished,
-        arrival_ns=requests_df["arrival_ns"].to_numpy(dtype=np.float64),
+        arrival_ns=requests_df[sent].to_numpy(dtype=np.float64),
         finish_ns=np.where(finished, finish, nan),
         prompt_len=requests_df["prompt_len"].to_numpy(dtype=np.int64), output_len=out_len,
         ttft_ms=ttft, tpot_ms=tpot, e2el_ms=e2el, itl_ms=itl,
@@ -234,13 +256,13 @@ def run_metrics(pm: RequestMetrics, start_ns: float | None = None) -> dict[str, 
 
 
 def compute_metrics(
-    requests_df: pd.DataFrame, start_ns: int | None = None, anchor: str = "arrival_ns"
+    requests_df: pd.DataFrame, start_ns: int | None = None, view: str = "engine"
 ) -> dict[str, float]:
     """The metric dict (keys ``METRIC_KEYS``) for one run: ``run_metrics(per_request(...))``.
 
     Raises ``ConfigError`` as ``per_request`` does.
     """
-    return run_metrics(per_request(requests_df, anchor), start_ns)
+    return run_metrics(per_request(requests_df, view), start_ns)
 
 
 def diff_pct(sim: float, ref: float) -> float:

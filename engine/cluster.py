@@ -10,6 +10,11 @@ Prefill/decode disaggregation: a request is routed to a prefill instance, which 
 produced the request leaves the prefill instance, its KV travels for ``kv_transfer_ns`` and it
 joins a decode instance chosen by the same router policy (separate round-robin counter), whose
 scheduler starts it once a seat and blocks are free.
+
+Front ends (``engine.frontend``): with an ``ApiServer`` per unit, a request the client sends
+is routed at its send time, queues at its unit's API server and reaches the engine core when
+the server hands it over (``Request.arrival_ns`` becomes that instant); every step's output
+message queues at the same server, whose delivery times give the client's token times.
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.deployment import KvTransfer
+from engine.frontend import ApiServer
 from engine.instance import EngineUnit, Member
 from engine.request import Request, RequestStatus
 from engine.specs import ConfigError
@@ -98,6 +104,9 @@ class ClusterRun:
 
     end_ns: int
     instance_of: list[str]  # per request index: the instance that finished it
+    # With front ends: per member (in unit order), the client's delivery ns of each step the
+    # member logged (-1: the step streamed nothing); empty without front ends.
+    client_step_ns: list[list[int]] = field(default_factory=list)
 
 
 def run_cluster(
@@ -106,8 +115,12 @@ def run_cluster(
     router: Router,
     *,
     kv_transfer_ns: KvTransfer | None = None,
+    frontends: Sequence[ApiServer | None] | None = None,
 ) -> ClusterRun:
-    """Replay ``requests`` (sorted by arrival) on ``units`` to completion."""
+    """Replay ``requests`` (sorted by arrival) on ``units`` to completion.
+
+    ``frontends`` gives each unit its API server (None: requests reach the engine when sent,
+    the client sees the engine's instants)."""
     members = [m for u in units for m in u.members]
     unit_of = {id(m): u for u in units for m in u.members}
     front = [m for m in members if m.role != "decode"]
@@ -129,6 +142,8 @@ def run_cluster(
     wake: list[int | None] = [None] * len(units)
     dirty = [False] * len(units)
     unit_index = {id(u): i for i, u in enumerate(units)}
+    # P/D: a prefill unit's step end may hand a request to a decode unit (see the horizon).
+    prefill_units = [i for i, u in enumerate(units) if any(m.role == "prefill" for m in u.members)]
 
     def on_finished(m: Member, req: Request, t: int) -> None:
         nonlocal finished, seq
@@ -155,15 +170,31 @@ def run_cluster(
     for u in units:
         u.on_finished = on_finished
 
+    servers = list(frontends) if frontends is not None else [None] * len(units)
+    if len(servers) != len(units):
+        raise ConfigError(f"{len(servers)} front ends for {len(units)} engine units")
+    fe_units = [(i, fe) for i, fe in enumerate(servers) if fe is not None]
+    # Per unit with a front end: (member index, member) and how many of its steps were fed.
+    fe_members = {i: [(member_index[id(m)], m) for m in units[i].members] for i, _ in fe_units}
+    fed = [0] * len(members)
+    handoffs: list[tuple[int, int, int, Request]] = []  # (engine arrival, seq, member, req)
+
     nxt = 0
     t = requests[0].arrival_ns if n else 0
     while finished < n:
-        # The next event: an arrival, a KV delivery, or a busy unit's step completion.
+        # The next event: a send, a job reaching an API server, a request reaching its engine,
+        # a KV delivery, or a busy unit's step completion.
         cands = [w for w in wake if w is not None]
         if nxt < n:
             cands.append(requests[nxt].arrival_ns)
         if deliveries:
             cands.append(deliveries[0][0])
+        if handoffs:
+            cands.append(handoffs[0][0])
+        for _, fe in fe_units:
+            a = fe.next_arrival()
+            if a is not None:
+                cands.append(a)
         if not cands:
             _raise_stuck(units)
         t = max(t, min(cands))
@@ -174,6 +205,21 @@ def run_cluster(
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
                 req.max_tokens = 1
+            ui = unit_index[id(unit_of[id(m)])]
+            fe = servers[ui]
+            if fe is not None:
+                fe.submit(req.arrival_ns, req.prompt_len, req, m)
+                continue
+            m.scheduler.add_request(req)
+            dirty[ui] = True
+        for _, fe in fe_units:
+            for when, req, m in fe.run(t):
+                seq += 1
+                heapq.heappush(handoffs, (when, seq, member_index[id(m)], req))
+        while handoffs and handoffs[0][0] <= t:
+            when, _, mi, req = heapq.heappop(handoffs)
+            m = members[mi]
+            req.arrival_ns = when  # the engine core receives it now
             m.scheduler.add_request(req)
             dirty[unit_index[id(unit_of[id(m)])]] = True
         while deliveries and deliveries[0][0] <= t:
@@ -181,22 +227,60 @@ def run_cluster(
             m = members[mi]
             m.arrived_kv.append(req)
             dirty[unit_index[id(unit_of[id(m)])]] = True
+        # The horizon: the earliest time anything outside a unit may reach or read it (the next
+        # arrival or KV delivery; with P/D, a prefill unit's next step end). A unit without a
+        # front end may run steady decode steps before it in bulk (EngineUnit.poll).
+        horizon = requests[nxt].arrival_ns if nxt < n else _NO_EVENT
+        if deliveries and deliveries[0][0] < horizon:
+            horizon = deliveries[0][0]
+        for i in prefill_units:
+            w = t if dirty[i] else wake[i]
+            if w is not None and w < horizon:
+                horizon = w
         progressed = False
         for i, u in enumerate(units):
             w = wake[i]
             if (w is not None and w <= t) or (w is None and dirty[i]):
                 dirty[i] = False
-                wake[i] = u.poll(t)
+                wake[i] = u.poll(t, horizon if servers[i] is None else None)
                 progressed = True
+                fe = servers[i]
+                if fe is not None:
+                    _feed_outputs(fe, fe_members[i], fed)
         if (
             not progressed
             and nxt >= n
             and not deliveries
+            and not handoffs
+            and all(fe.next_arrival() is None for _, fe in fe_units)
             and all(w is None for w in wake)
             and finished < n
         ):
             _raise_stuck(units)
-    return ClusterRun(end_ns=t, instance_of=instance_of)
+    client: list[list[int]] = []
+    if fe_units:
+        # Stream what is still queued (output work never delays the engine from here on).
+        for _, fe in fe_units:
+            fe.run(2**62)
+        by_member: dict[int, list[int]] = {}
+        for i, fe in fe_units:
+            for mi, _ in fe_members[i]:
+                by_member[mi] = fe.client_ns.get(mi, [])
+        client = [by_member.get(mi, []) for mi in range(len(members))]
+    return ClusterRun(end_ns=t, instance_of=instance_of, client_step_ns=client)
+
+
+def _feed_outputs(fe: ApiServer, members: list[tuple[int, Member]], fed: list[int]) -> None:
+    """Queue at ``fe`` the output message of every step its members logged since last time."""
+    for mi, m in members:
+        log = m.log
+        end = len(log.end_ns)
+        for k in range(fed[mi], end):
+            fe.outputs(mi, k, log.end_ns[k], log.gen_tokens[k])
+        fed[mi] = end
+
+
+_NO_EVENT = 1 << 62  # a horizon no simulation reaches
 
 
 def _raise_stuck(units: Sequence[EngineUnit]) -> None:

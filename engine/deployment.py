@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.batch import BatchShape, LatencyModel
+from engine.frontend import FrontEndSpec
 from engine.kv_tiers import KVTierPool
 from engine.memory import KVCapacity
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
@@ -77,7 +78,9 @@ class Deployment:
     """Everything :func:`engine.simulate.simulate_deployment` needs besides the workload.
 
     ``kv_transfer_ns`` prices the P/D hand-off (required when an instance is a prefill
-    instance), ``dp_pad`` lines up lock-step DP groups (None: each member runs its own batch).
+    instance), ``dp_pad`` lines up lock-step DP groups (None: each member runs its own batch),
+    ``frontend`` is the API server in front of every engine (``engine.frontend``; None: the
+    client sees the engine's own instants).
     ``num_gpus`` counts the deployment's GPUs; ``notes`` say what the assembly chose or ignored
     (e.g. a generated roofline bundle); ``range_warnings`` name engine limits beyond the
     profiled range of an instance's bundle (its step prices extrapolate there).
@@ -87,6 +90,7 @@ class Deployment:
     router: str = "least_loaded"
     kv_transfer_ns: KvTransfer | None = None
     dp_pad: DpPad | None = None
+    frontend: FrontEndSpec | None = None
     num_gpus: int = 0
     notes: list[str] = field(default_factory=list)
     range_warnings: list[str] = field(default_factory=list)

@@ -71,14 +71,25 @@ class SimulationResult:
         return paths
 
 
-def requests_frame(requests: list[Request]) -> pd.DataFrame:
+def requests_frame(
+    requests: list[Request],
+    send_ns: np.ndarray | None = None,
+    client_log_times: dict[int, np.ndarray] | None = None,
+) -> pd.DataFrame:
     """One row per request, columns as ``analysis.metrics`` reads them.
 
     ``token_times_ns`` holds one read-only int64 array per request. A request whose tokens
     came at consecutive steps of one scheduler (nearly all) gets a view into a copy of that
     scheduler's step-time log, so the column costs 8 bytes per step of each instance rather
     than per token; an interrupted one (preempted, handed from prefill to decode, skipped a
-    step) gets its runs concatenated."""
+    step) gets its runs concatenated.
+
+    The client's view (``engine.frontend``): ``send_ns`` is when the client sent each request
+    (default: its engine arrival), ``client_log_times`` maps ``id(TokenLog)`` to the client's
+    delivery time of each step in that log; ``client_token_times_ns``,
+    ``client_first_token_ns`` and ``client_finish_ns`` follow from it (-1 where the engine
+    time is -1). Without it they are the engine's own columns (the same arrays).
+    """
     n = len(requests)
 
     def col(values: Iterable[int]) -> np.ndarray:
@@ -86,14 +97,29 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
 
     arrival = col(r.arrival_ns for r in requests)
     first_sched = col(r.first_scheduled_ns for r in requests)
+    first = col(r.first_token_ns for r in requests)
+    finish = col(r.finish_ns for r in requests)
+    tokens = token_times_column(requests)
+    if client_log_times is None:
+        client_tokens, client_first, client_finish = tokens, first, finish
+    else:
+        client_tokens = token_times_column(requests, client_log_times)
+        client_first = np.fromiter(
+            (c[0] if f >= 0 and len(c) else -1 for c, f in zip(client_tokens, first, strict=True)),
+            np.int64, n)
+        client_finish = np.fromiter(
+            (c[-1] if f >= 0 and len(c) else -1
+             for c, f in zip(client_tokens, finish, strict=True)),
+            np.int64, n)
     return pd.DataFrame(
         {
             "request_id": [r.request_id for r in requests],
+            "send_ns": arrival if send_ns is None else send_ns,
             "arrival_ns": arrival,
             "queued_ns": col(r.queued_ns for r in requests),
             "first_scheduled_ns": first_sched,
-            "first_token_ns": col(r.first_token_ns for r in requests),
-            "finish_ns": col(r.finish_ns for r in requests),
+            "first_token_ns": first,
+            "finish_ns": finish,
             "prompt_len": col(r.prompt_len for r in requests),
             "output_len": col(r.num_tokens - r.prompt_len for r in requests),
             "num_preemptions": col(r.num_preemptions for r in requests),
@@ -101,20 +127,32 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
             "cached_tokens": col(max(r.num_cached_tokens, 0) for r in requests),
             "recomputed_tokens": col(r.recomputed_tokens for r in requests),
             "queueing_delay_ns": first_sched - arrival,
-            "token_times_ns": token_times_column(requests),
+            "token_times_ns": tokens,
+            "client_first_token_ns": client_first,
+            "client_finish_ns": client_finish,
+            "client_token_times_ns": client_tokens,
         }
     )
 
 
-def token_times_column(requests: list[Request]) -> np.ndarray:
-    """Every request's output token times (object array of read-only int64 arrays)."""
+def token_times_column(
+    requests: list[Request], log_times: dict[int, np.ndarray] | None = None
+) -> np.ndarray:
+    """Every request's output token times (object array of read-only int64 arrays): the
+    engine's (each log's own step times), or with ``log_times`` the times it maps each log's
+    steps to (``id(TokenLog)`` -> one int64 per step of that log)."""
     logs: dict[int, np.ndarray] = {}
 
     def times(log: TokenLog) -> np.ndarray:
         v = logs.get(id(log))
         if v is None:
-            v = logs[id(log)] = np.array(log.times, dtype=np.int64)
+            if log_times is None:
+                v = np.array(log.times, dtype=np.int64)
+            else:
+                v = np.asarray(log_times[id(log)], dtype=np.int64)
+                assert len(v) == len(log.times), "client times must cover every step"
             v.flags.writeable = False
+            logs[id(log)] = v
         return v
 
     empty = np.empty(0, dtype=np.int64)

@@ -6,9 +6,12 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
+import numpy as np
+
 from engine.batch import LatencyModel
 from engine.cluster import Router, run_cluster
 from engine.deployment import Deployment, DpPad, InstanceSpec, KvTransfer
+from engine.frontend import ApiServer, FrontEndSpec
 from engine.instance import EngineUnit, Member
 from engine.kv_cache import KVCacheManager, PrefixCacheStats
 from engine.memory import KVCapacity, kv_capacity
@@ -82,8 +85,14 @@ def simulate_cluster(
     seed: int = 0,
     kv_transfer_ns: KvTransfer | None = None,
     dp_pad: DpPad | None = None,
+    frontend: FrontEndSpec | None = None,
 ) -> SimulationResult:
     """Simulate a cluster of instances serving ``workload``.
+
+    ``frontend`` puts an API server (``engine.frontend``) in front of every engine unit: the
+    workload's arrival times are then the client's send times (``send_ns``), requests reach
+    the engine when the server hands them over (``arrival_ns``), and the ``client_*`` columns
+    hold what the client sees. Without it the client sees the engine's instants.
 
     ``kv_transfer_ns(prefill_name, decode_name, tokens)`` prices the P/D hand-off;
     ``dp_pad`` pads the batches of a DP group before pricing (vLLM runs dummy batches on idle
@@ -161,10 +170,18 @@ def simulate_cluster(
     if any(s.config.block_size != block_size for s in instances):
         raise ConfigError("all instances of a cluster must use the same block_size")
     requests = [Request(spec, i, block_size, hash_blocks) for i, spec in enumerate(workload)]
-    run = run_cluster(units, requests, Router(router, seed), kv_transfer_ns=kv_transfer_ns)
-    start_ns = requests[0].arrival_ns
+    send_ns = np.fromiter((r.arrival_ns for r in requests), np.int64, len(requests))
+    costs = frontend.costs() if frontend is not None else None
+    servers = [ApiServer(costs) for _ in units] if costs is not None else None
+    run = run_cluster(units, requests, Router(router, seed), kv_transfer_ns=kv_transfer_ns,
+                      frontends=servers)
+    start_ns = int(send_ns[0])
     members = [m for u in units for m in u.members]
-    frame = requests_frame(requests)
+    client_logs = None
+    if run.client_step_ns:
+        client_logs = {id(m.scheduler.token_log): np.asarray(c, dtype=np.int64)
+                       for m, c in zip(members, run.client_step_ns, strict=True)}
+    frame = requests_frame(requests, send_ns, client_logs)
     frame["instance"] = run.instance_of
     prefix = sum((m.kv.prefix_cache_stats() for m in members), PrefixCacheStats())
     result = SimulationResult(
@@ -197,6 +214,7 @@ def simulate_deployment(
         seed=seed,
         kv_transfer_ns=deployment.kv_transfer_ns,
         dp_pad=deployment.dp_pad,
+        frontend=deployment.frontend,
     )
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from astra_bridge import CommBackend
 from astra_bridge.memory import MemoryTier
 from engine.deployment import ROLES, Deployment, InstanceSpec
+from engine.frontend import FrontEndSpec
 from engine.kv_tiers import SharedTierPools, chunk_tokens_for
 from engine.memory import kv_capacity
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
@@ -149,6 +150,9 @@ class DeploymentPlan:
     comm_backend: CommBackend = field(default_factory=CommBackend)
     pd_streamed: bool = False
     dp_padding: str = "vllm"
+    # The API server in front of every engine (engine.frontend; None: the client sees the
+    # engine's instants, as the reference simulator assumes).
+    frontend: FrontEndSpec | None = None
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -292,6 +296,7 @@ def assemble(plan: DeploymentPlan) -> Deployment:
         router=plan.router,
         kv_transfer_ns=ClusterKvTransfer(handoffs, streamed=plan.pd_streamed) if handoffs else None,
         dp_pad=dp_pad_for(plan.dp_padding, dp_cfg) if dp_cfg is not None else None,
+        frontend=plan.frontend,
         num_gpus=plan.num_gpus,
         notes=notes,
         range_warnings=warnings,

@@ -33,6 +33,7 @@ from typing import Any
 from astra_bridge import CommBackend
 from astra_bridge.memory import MemoryTier, TierKind
 from engine.deployment import Deployment
+from engine.frontend import FrontEndSpec
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec, SettingError
 from profiles.catalog import load_hardware, load_model
 from profiles.deployment import (
@@ -175,7 +176,8 @@ def point_plan(
                 dp_size=dp if lockstep else 1,
                 tiers=tiers,
             ))
-    return DeploymentPlan(tuple(instances), router=str(cl.router), comm_backend=comm_backend(cl))
+    return DeploymentPlan(tuple(instances), router=str(cl.router), comm_backend=comm_backend(cl),
+                          frontend=FrontEndSpec(mode=str(cl.frontend)))
 
 
 def deployment_plan(cfg: Any) -> DeploymentPlan:

@@ -27,7 +27,8 @@ from typing import Any
 
 # 2: vLLM's prefix_hit_rate (hits / queried tokens), the SLO-met cost over a steady-state
 # window, the SLO verdict metrics: stored runs of version 1 hold other numbers.
-HASH_VERSION = 2
+# 3: the client's view (cluster.frontend, metrics from the send time through the API server).
+HASH_VERSION = 3
 # Config subtrees that do not change what a point simulates (``capacity`` configures the
 # capacity-search driver; it is present only when sweep.capacity extended the schema).
 NOT_HASHED = ("tracking", "study", "groundtruth", "capacity")

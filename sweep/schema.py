@@ -67,6 +67,11 @@ class DeploymentConf:
     # (astra_sim, with astra_sim_binary its path; astra_bridge.backend).
     comm_backend: str = "analytical"
     astra_sim_binary: str | None = None
+    # The front end between the clients and each engine (engine.frontend): api_server (vllm
+    # serve over HTTP, text prompts; what vllm bench serve measures), in_process (AsyncLLM
+    # given token ids) or none (clients see the engine's instants). Its costs are
+    # engine.frontend.FrontEndSpec's measured defaults (docs/frontend.md).
+    frontend: str = "api_server"
 
 
 # EngineConfig fields that are not keys of the cluster group: the simulator's own

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.slo import SloSpec
 from engine.cluster import ROUTER_POLICIES
+from engine.frontend import FRONTEND_MODES
 from engine.specs import ConfigError
 from profiles.aiconfigurator import system_for, systems_dir
 from profiles.catalog import list_hardware, list_models, load_hardware, load_model, model_aliases
@@ -92,6 +93,8 @@ def check_cluster(cfg: DictConfig) -> None:
     cl = cfg.cluster
     if cl.router not in ROUTER_POLICIES:
         raise _fail("cluster.router", cl.router, f"one of {list(ROUTER_POLICIES)}")
+    if cl.frontend not in FRONTEND_MODES:
+        raise _fail("cluster.frontend", cl.frontend, f"one of {list(FRONTEND_MODES)}")
     model = load_model(cfg.model.name)
     check_shape(cl, model)
     engine_config(cl, model)

@@ -29,11 +29,16 @@ def _run(arrivals_s, ttft_ms, out_len=10, tpot_ms=10.0) -> pd.DataFrame:
     arrival = np.asarray(arrivals_s, dtype=float) * S
     first = arrival + np.asarray(ttft_ms, dtype=float) * MS
     finish = first + (out_len - 1) * tpot_ms * MS
-    return pd.DataFrame({
+    frame = pd.DataFrame({
         "request_id": [f"r{i}" for i in range(len(arrival))],
         "arrival_ns": arrival.astype(np.int64), "first_token_ns": first.astype(np.int64),
         "finish_ns": finish.astype(np.int64), "prompt_len": 5, "output_len": out_len,
     })
+    # No front end: the client sees the engine's instants (point_answers reads its view).
+    frame["send_ns"] = frame["arrival_ns"]
+    frame["client_first_token_ns"] = frame["first_token_ns"]
+    frame["client_finish_ns"] = frame["finish_ns"]
+    return frame
 
 
 SPEC = SloSpec.parse({"ttft_ms_p99": 1000}, {"ttft_ms": 1000})
@@ -97,7 +102,7 @@ def test_cost_is_never_below_the_raw_cost_and_never_inf(rows, usd) -> None:
         "finish_ns": [int(a * S + t * MS + n * MS) for a, t, n in rows],
         "prompt_len": 1, "output_len": [n for _, _, n in rows],
     })
-    m = point_answers(frame, SPEC, usd, 1).metrics
+    m = point_answers(frame, SPEC, usd, 1, view="engine").metrics
     assert not any(math.isinf(v) for v in m.values())
     if math.isfinite(m["usd_per_m_output_tokens"]):
         assert m["usd_per_m_output_tokens"] >= m["raw_usd_per_m_output_tokens"] * (1 - 1e-12)

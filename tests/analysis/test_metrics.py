@@ -197,21 +197,40 @@ def test_statistics_ordered_and_bounded(rows):
     assert m["completed"] == len(rows)
 
 
-def test_anchor_column_measures_ttft_and_e2el_from_it():
+def test_view_measures_ttft_and_e2el_from_its_start_column():
     df = _frame([("a", 0, 30 * MS, 100 * MS, 10, 8), ("b", 5 * MS, 50 * MS, 90 * MS, 10, 5)])
     df["queued_ns"] = [10 * MS, 20 * MS]
     by_arrival = compute_metrics(df)
-    by_queue = compute_metrics(df, anchor="queued_ns")
+    by_queue = compute_metrics(df, view="queued")
     assert by_arrival["ttft_ms_mean"] == pytest.approx((30 + 45) / 2)
     assert by_queue["ttft_ms_mean"] == pytest.approx((20 + 30) / 2)
     assert by_queue["e2el_ms_mean"] == pytest.approx((90 + 70) / 2)
     assert by_queue["tpot_ms_mean"] == by_arrival["tpot_ms_mean"]  # unaffected by the anchor
-    with pytest.raises(ConfigError, match="anchor column 'picked_ns'"):
-        compute_metrics(df, anchor="picked_ns")
+    with pytest.raises(ConfigError, match="view='picked' is not known"):
+        compute_metrics(df, view="picked")
+    with pytest.raises(ConfigError, match="no send_ns, client_first_token_ns, client_finish_ns "
+                                          "for the 'client' view; use a view it records: "
+                                          r"\['engine', 'queued'\]"):
+        compute_metrics(df, view="client")
     df.loc[1, "queued_ns"] = -1
     with pytest.raises(ConfigError, match="queued_ns < 0 .never recorded"):
-        compute_metrics(df, anchor="queued_ns")
+        compute_metrics(df, view="queued")
     # workload arrival times are taken as they are, even before zero
     shifted = df.assign(arrival_ns=df.arrival_ns - 3 * MS, first_token_ns=df.first_token_ns - 3 * MS,
                         finish_ns=df.finish_ns - 3 * MS)
     assert compute_metrics(shifted)["ttft_ms_mean"] == by_arrival["ttft_ms_mean"]
+
+
+def test_client_view_reads_the_client_columns_from_the_send_time():
+    df = _frame([("a", 0, 30 * MS, 100 * MS, 10, 3), ("b", 5 * MS, 50 * MS, 90 * MS, 10, 2)])
+    df["send_ns"] = [-2 * MS, 4 * MS]  # sent before the engine received them
+    df["client_first_token_ns"] = [33 * MS, 52 * MS]
+    df["client_finish_ns"] = [104 * MS, 93 * MS]
+    df["client_token_times_ns"] = [np.array([33, 70, 104]) * MS, np.array([52, 93]) * MS]
+    m = compute_metrics(df, view="client")
+    assert m["ttft_ms_mean"] == pytest.approx((35 + 48) / 2)
+    assert m["e2el_ms_mean"] == pytest.approx((106 + 89) / 2)
+    assert m["itl_ms_mean"] == pytest.approx((37 + 34 + 41) / 3)
+    assert m["duration_s"] == pytest.approx(106 * MS / 1e9)  # first send to last receipt
+    engine = compute_metrics(df, view="engine")
+    assert engine["ttft_ms_mean"] == pytest.approx((30 + 45) / 2)

@@ -74,7 +74,7 @@ class ServerLog:
     override_blocks: int | None = None
     vllm_version: str | None = None
     non_default: dict[str, Any] = field(default_factory=dict)
-    engine: dict[str, str] = field(default_factory=dict)
+    engine: dict[str, Any] = field(default_factory=dict)
     lines: dict[str, int] = field(default_factory=dict)
 
     def where(self, name: str) -> str:
@@ -100,12 +100,23 @@ def _int(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-def _engine_pairs(text: str) -> dict[str, str]:
+def _scalar(text: str) -> Any:
+    """A value of the engine config line as Python: ``True``, ``2``, ``auto``."""
+    text = text.strip().strip("'\"")
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _engine_pairs(text: str) -> dict[str, Any]:
     """``key=value, key=value`` pairs of the engine config line (values with commas inside
     brackets are skipped: only flat scalars are compared)."""
-    out: dict[str, str] = {}
+    out: dict[str, Any] = {}
     for m in re.finditer(r"(\w+)=([^,{}\[\]()]*)(?:,|$)", text):
-        out.setdefault(m.group(1), m.group(2).strip().strip("'\""))
+        out.setdefault(m.group(1), _scalar(m.group(2)))
     return out
 
 
@@ -121,7 +132,7 @@ def read_server_log(path: str | Path) -> ServerLog:
     facts: dict[str, Any] = {}
     lines: dict[str, int] = {}
     non_default: dict[str, Any] = {}
-    engine: dict[str, str] = {}
+    engine: dict[str, Any] = {}
 
     def put(name: str, value: Any, lineno: int) -> None:
         if name in facts and facts[name] != value:

@@ -5,8 +5,10 @@
         --profiles ../shared/data/llmservingsim/profiles --num-reqs 10 [--prefix-storage CPU --prefix-sharing]
         [--comm-backend astra_sim --astra-sim-binary path/to/AstraSim_Analytical_Congestion_Unaware]
 
-Prints one line per instance (KV capacity, requests finished) and the run's totals, and writes
-per-request results when ``--output`` is given (CSV or Parquet by extension).
+Prints one line per instance (KV capacity, requests finished) and the run's totals. ``--output
+FILE.csv`` writes the per-request results in LLMServingSim's layout (``llmservingsim_frame``),
+``--output FILE.parquet`` servesweep's full per-request table; ``--bench-json FILE`` writes the
+run as a ``vllm bench serve`` result (``analysis.bench_serve``).
 """
 
 from __future__ import annotations
@@ -16,16 +18,67 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from analysis.metrics import compute_metrics
+import numpy as np
+import pandas as pd
+
+from analysis.bench_serve import write_result
+from analysis.metrics import compute_metrics, per_request
 from analysis.scenario import load_reference_cluster
 from astra_bridge import COMM_BACKENDS, CommBackend
+from engine.deployment import Deployment
 from engine.results import SimulationResult
 from engine.simulate import simulate_deployment
 from engine.specs import ConfigError, EngineConfig, SettingError
+from engine.workload import RequestSpec
 from workloads import read_jsonl
 
+#: LLMServingSim's per-request CSV header (its ``--output``; all times integer ns).
+LLMSERVINGSIM_COLUMNS = ("instance id", "request id", "model", "input", "output", "arrival",
+                         "end_time", "latency", "queuing_delay", "TTFT", "TPOT", "ITL")
 
-def run_scenario(
+
+def llmservingsim_frame(result: SimulationResult, deployment: Deployment) -> pd.DataFrame:
+    """The finished requests in LLMServingSim's per-request CSV layout
+    (``docs/reference-semantics.md``; the reference's ``--output``): one row per request
+    finished on a colocated or decode instance (P/D prefill instances write none), instance
+    by instance in deployment order, each in completion order. ``instance id`` is the
+    instance's position in the deployment, ``request id`` the workload line, ``input`` /
+    ``output`` the token counts; ``arrival``, ``end_time`` (last token), ``latency`` (end -
+    arrival), ``TTFT`` (first token - arrival), ``TPOT`` (``floor((latency - TTFT) / (output
+    - 1))``, 0 for one output token) and ``ITL`` (the gaps between output tokens, as a Python
+    list) are engine-side ns, as the reference measures them. ``queuing_delay`` is the first
+    scheduling - arrival (the reference takes the last prefill chunk's scheduling, so the two
+    differ for a prompt prefilled in several chunks)."""
+    df = result.requests
+    index = {inst.name: k for k, inst in enumerate(deployment.instances)}
+    model = {inst.name: inst.model.name for inst in deployment.instances}
+    prefill = {inst.name for inst in deployment.instances if inst.role == "prefill"}
+    done = df[(df["finish_ns"] >= 0) & ~df["instance"].isin(prefill)].copy()
+    done["_k"] = done["instance"].map(index)
+    done = done.sort_values(["_k", "finish_ns"], kind="stable")
+    ttft = done["first_token_ns"] - done["arrival_ns"]
+    latency = done["finish_ns"] - done["arrival_ns"]
+    out_len = done["output_len"]
+    tpot = np.where(out_len > 1, (latency - ttft) // np.maximum(out_len - 1, 1), 0)
+    ids = done["request_id"].astype(str).str.extract(r"(\d+)$")[0]
+    return pd.DataFrame({
+        "instance id": done["_k"].to_numpy(),
+        "request id": ids.fillna(done["request_id"].astype(str)).to_numpy(),
+        "model": done["instance"].map(model).to_numpy(),
+        "input": done["prompt_len"].to_numpy(),
+        "output": out_len.to_numpy(),
+        "arrival": done["arrival_ns"].to_numpy(),
+        "end_time": done["finish_ns"].to_numpy(),
+        "latency": latency.to_numpy(),
+        "queuing_delay": (done["first_scheduled_ns"] - done["arrival_ns"]).to_numpy(),
+        "TTFT": ttft.to_numpy(),
+        "TPOT": tpot.astype(np.int64),
+        "ITL": [str([int(g) for g in np.diff(np.asarray(t, dtype=np.int64))])
+                for t in done["token_times_ns"]],
+    }, columns=list(LLMSERVINGSIM_COLUMNS))
+
+
+def build_scenario(
     cluster_config: str | Path,
     workload: str | Path,
     profiles: str | Path,
@@ -40,7 +93,9 @@ def run_scenario(
     roofline_fallback: bool = True,
     comm_backend: str = "analytical",
     astra_sim_binary: str | None = None,
-) -> tuple[SimulationResult, list[str]]:
+) -> tuple[Deployment, list[RequestSpec]]:
+    """The assembled deployment of a reference cluster config and the workload to run on it
+    (``run_scenario``'s arguments)."""
     try:
         backend = CommBackend(comm_backend, astra_sim_binary)
     except SettingError as err:  # name the command-line flags
@@ -64,8 +119,34 @@ def run_scenario(
         comm_backend=backend,
         router=router,
     )
-    requests = read_jsonl(workload, limit=num_reqs)
-    return simulate_deployment(build, requests), build.notes
+    return build, read_jsonl(workload, limit=num_reqs)
+
+
+def run_scenario(
+    cluster_config: str | Path,
+    workload: str | Path,
+    profiles: str | Path,
+    *,
+    num_reqs: int | None = None,
+    router: str = "least_loaded",
+    prefix_storage: str | None = None,
+    prefix_sharing: bool = False,
+    reference_clock: bool = False,
+    streamed_pd: bool | None = None,
+    model_configs: str | Path | None = None,
+    roofline_fallback: bool = True,
+    comm_backend: str = "analytical",
+    astra_sim_binary: str | None = None,
+) -> tuple[SimulationResult, list[str]]:
+    """Run a reference cluster config on ``workload``: the result and the deployment's notes."""
+    build, requests = build_scenario(
+        cluster_config, workload, profiles, num_reqs=num_reqs, router=router,
+        prefix_storage=prefix_storage, prefix_sharing=prefix_sharing,
+        reference_clock=reference_clock, streamed_pd=streamed_pd, model_configs=model_configs,
+        roofline_fallback=roofline_fallback, comm_backend=comm_backend,
+        astra_sim_binary=astra_sim_binary,
+    )
+    return simulate_deployment(build, requests), list(build.notes)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,11 +181,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--astra-sim-binary", default=None,
                    help="path of AstraSim_Analytical_Congestion_Unaware (with --comm-backend "
                    "astra_sim)")
-    p.add_argument("--output", help="per-request results (.csv or .parquet)")
+    p.add_argument("--output", help="per-request results: .csv in LLMServingSim's layout, "
+                   ".parquet servesweep's full table")
+    p.add_argument("--bench-json", default=None,
+                   help="write the run as a vllm bench serve result JSON (client view)")
 
 
 def main(args: argparse.Namespace) -> int:
-    result, notes = run_scenario(
+    if args.output and Path(args.output).suffix not in (".csv", ".parquet"):
+        raise ConfigError(f"--output {args.output}: use a .csv (LLMServingSim's layout) or "
+                          ".parquet (servesweep's table) file")
+    build, requests = build_scenario(
         args.cluster_config,
         args.workload,
         args.profiles,
@@ -118,6 +205,7 @@ def main(args: argparse.Namespace) -> int:
         comm_backend=args.comm_backend,
         astra_sim_binary=args.astra_sim_binary,
     )
+    result, notes = simulate_deployment(build, requests), build.notes
     for note in notes:
         print(f"note: {note}")
     df = result.requests
@@ -138,12 +226,15 @@ def main(args: argparse.Namespace) -> int:
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
-        frame = df.copy()
         if out.suffix == ".parquet":
-            frame.to_parquet(out, index=False)
+            df.to_parquet(out, index=False)
         else:
-            frame["token_times_ns"] = frame["token_times_ns"].map(lambda v: " ".join(map(str, v)))
-            frame.to_csv(out, index=False)
+            llmservingsim_frame(result, build).to_csv(out, index=False)
+        print(f"per-request results: {out}")
+    if args.bench_json:
+        model = build.instances[0].model.name
+        path = write_result(args.bench_json, per_request(df, view="client"), model_id=model)
+        print(f"bench result: {path}")
     return 0
 
 

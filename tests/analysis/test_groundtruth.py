@@ -232,12 +232,19 @@ def test_small_truth_and_num_gpu_blocks(tmp_path):
     assert m["duration_s"] == pytest.approx(0.3)
 
 
-@pytest.mark.parametrize("missing", ["config.json", "vllm/meta.json", "vllm/timeseries.csv"])
+@pytest.mark.parametrize("missing", ["config.json", "vllm/meta.json", "vllm/requests.jsonl"])
 def test_missing_files_named(tmp_path, missing):
     root = _make_truth(tmp_path)
     (root / missing).unlink()
     with pytest.raises(ConfigError, match=missing.split("/")[-1]):
         load_groundtruth(root)
+
+
+def test_timeseries_is_optional(tmp_path):
+    root = _make_truth(tmp_path)
+    (root / "vllm" / "timeseries.csv").unlink()
+    gt = load_groundtruth(root)
+    assert gt.timeseries.empty and len(gt.requests) == 1
 
 
 def test_missing_folder(tmp_path):

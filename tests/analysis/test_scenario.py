@@ -150,3 +150,39 @@ def test_dense_dp_group_is_independent_engines_unless_reference_dp(shared_data: 
     assert [i.dp_group for i in ref.instances] == ["A", "A"]
     moe = load_reference_cluster(cfgs / "single_node_moe_dp_ep_instance.json", profiles)
     assert {i.dp_group for i in moe.instances} == {"A"}
+
+
+def _scenario_cli(shared: Path, config: str, out: Path, *extra: str) -> None:
+    import subprocess
+    import sys
+
+    d = shared / "llmservingsim"
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", "scenario", "--cluster-config",
+         str(d / "configs" / "cluster" / f"{config}.json"), "--workload",
+         str(d / "workloads" / "example_trace.jsonl"), "--profiles", str(d / "profiles"),
+         "--num-reqs", "10", "--reference-clock", "--output", str(out), *extra],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_output_csv_is_llmservingsim_s_layout(shared_data: Path, tmp_path: Path) -> None:
+    from analysis.bench_serve import read_result
+    from analysis.run_scenario import LLMSERVINGSIM_COLUMNS
+
+    d = shared_data / "llmservingsim" / "reference_outputs"
+    out, bench = tmp_path / "sim.csv", tmp_path / "sim.json"
+    _scenario_cli(shared_data, "single_node_single_instance", out, "--bench-json", str(bench))
+    ours, ref = pd.read_csv(out), pd.read_csv(d / "example_single_run.csv")
+    assert tuple(ours.columns) == LLMSERVINGSIM_COLUMNS == tuple(ref.columns)
+    # With the reference's clock, one instance: the reference's own file, cell for cell.
+    pd.testing.assert_frame_equal(ours, ref)
+    assert len(read_result(bench).completed()) == 10
+    # P/D: rows only from the decode instance (id 1), in its completion order.
+    _scenario_cli(shared_data, "single_node_pd_instance", out)
+    ours, ref = pd.read_csv(out), pd.read_csv(d / "example_pd_run.csv")
+    assert tuple(ours.columns) == tuple(ref.columns)
+    for col in ("instance id", "request id", "model", "input", "output", "arrival", "end_time",
+                "latency"):
+        assert (ours[col] == ref[col]).all(), col

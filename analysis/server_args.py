@@ -364,7 +364,8 @@ def read_server_args(command: str) -> ServerArgs:
             if level in ("2", "3"):  # vLLM 0.19's default -O2 (-O3 is currently the same)
                 ignored.append(f"-O{level}")
                 continue
-            name = "-O"
+            raise ConfigError(f"{WHERE}: -O{level} is not modelled by servesweep "
+                              f"({NOT_MODELLED['-O']}); drop it to simulate the server without it")
         if name in NOT_MODELLED:
             raise ConfigError(f"{WHERE}: {name} is not modelled by servesweep "
                               f"({NOT_MODELLED[name]}); drop it to simulate the server without it")

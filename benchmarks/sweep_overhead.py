@@ -1,292 +1,271 @@
-"""What the sweep platform costs on top of the simulator, and how it scales with actors.
+"""What the sweep platform costs on top of the simulator, measured on fresh stores.
 
-Grid points are mem_util_grid-like jobs (Llama-3.1-8B on an L40S, ``--requests`` requests
-each). Measured, all on one machine:
+Every measured run is the real command line in a subprocess, in a new temporary directory
+with a new MLflow sqlite store and a new sweep directory, so nothing is resumed: after each
+sweep the benchmark checks that ``results.parquet`` holds one finished row per point, none
+``resumed_from`` another run, and that the launcher logged ``N jobs done`` (a benchmark that
+ran 0 jobs once reported a 3.83x speed-up). Per implementation (this tree, and with
+``--compare REV`` the git revision REV checked out in a temporary worktree, run side by side
+in the same invocation, alternating, ``--repeat`` times):
 
-* bare: ``sweep.job.run_point`` (engine + metrics) in this process, warm caches, per point;
-* the ray_actor launcher with 1 actor on grids of ``--small`` and ``--points`` points,
-  with MLflow tracking + plots on (the full platform) and off. A straight line through the
-  two sizes splits the wall time into a fixed part per sweep (Hydra composition, actor
-  start and warm-up, results table) and a part per point; per-job overhead = per-point
-  slope - bare time per point, ratio = slope / bare;
-* scaling: the ``--points`` grid on ``--actors`` actors, against a control that runs the
-  same bare points in ``--actors`` plain worker processes (what the machine allows).
+* ``single``: ``python -m sweep +experiment=mem_util_grid`` (one point, MLflow on): wall
+  time to the first result (the point's ``metrics.json`` on disk) and to exit;
+* ``sweep``: ``python -m sweep +experiment=mem_util_grid -m`` (the 20-point grid), and a
+  ``--small`` grid of 4 points: wall time, CPU seconds of every process of the run (the
+  driver, Ray's processes, the actors; sampled with psutil every 0.1 s), the per-point CPU as
+  the slope between the two grid sizes and its ratio to a bare ``sweep.job.run_point`` (warm
+  caches, in one process, the same points), the fixed part, and the actors' peak RSS;
+* ``--probes``: a capacity search (``python -m sweep.capacity +experiment=capacity_search``)
+  for the probe workers' peak RSS.
 
-Every figure comes as wall time and as CPU time. CPU time (this process plus every process
-Ray starts for it, sampled with psutil) does not depend on what else the machine runs, so
-on a shared machine the CPU ratios are the trustworthy ones.
+CPU seconds do not depend on what else the machine runs, wall seconds do: on a shared
+machine compare the CPU figures, and the wall figures only side by side within one run.
 
-Ray start-up and MLflow store creation are one-time costs, reported apart. Ray runs its
-workers at nice 15 by default; on a machine shared with other work that alone slows the
-actors against a nice-0 baseline, so this benchmark starts Ray with worker niceness 0
-(``RAY_worker_niceness``) to measure the platform, not the scheduling priority.
-
-    python benchmarks/sweep_overhead.py [--points 16] [--small 4] [--requests 300] [--actors 2]
+    python benchmarks/sweep_overhead.py [--compare REV] [--repeat 2] [--probes] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+SMALL = ["cluster.gpu_memory_utilization=0.5,0.9", "workload.rate=1,4"]  # 4 of the 20 points
+GRID = "+experiment=mem_util_grid"
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_worker_niceness", "0")
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra._internal.hydra import Hydra  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-
-from sweep.app import task  # noqa: E402
-from sweep.job import run_point  # noqa: E402
-from sweep.schema import register  # noqa: E402
-
-UTILS = (0.5, 0.6, 0.7, 0.8, 0.9)
-RATES = (1, 2, 3, 4, 5, 6)
-
-
-def grid(points: int) -> list[tuple[float, int]]:
-    """``points`` (utilisation, rate) pairs on a near-square sub-grid."""
-    shapes = [(nu, points // nu) for nu in range(1, len(UTILS) + 1)
-              if points % nu == 0 and points // nu <= len(RATES)]
-    if not shapes:
-        raise SystemExit(f"{points} points: use a product of <= 5 utilisations x <= 6 rates")
-    nu, nr = min(shapes, key=lambda s: abs(s[0] - s[1]))
-    return [(u, r) for u in UTILS[-nu:] for r in RATES[:nr]]
+BARE = r"""
+import json, sys, time
+from hydra import compose, initialize_config_dir
+from sweep.schema import register
+from sweep.job import run_point
+register()
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    cfgs = [compose("config", overrides=["+experiment=mem_util_grid",
+                                         f"cluster.gpu_memory_utilization={u}",
+                                         f"workload.rate={r}"])
+            for u in (0.5, 0.6, 0.7, 0.8, 0.9) for r in (1, 2, 3, 4)]
+run_point(cfgs[0])  # warm caches, as a long-lived actor is
+c0, w0 = time.process_time(), time.perf_counter()
+for cfg in cfgs:
+    run_point(cfg)
+print(json.dumps({"cpu_s": (time.process_time() - c0) / len(cfgs),
+                  "wall_s": (time.perf_counter() - w0) / len(cfgs)}))
+"""
 
 
-def sweep_overrides(points: list[tuple[float, int]]) -> list[str]:
-    utils = sorted({u for u, _ in points})
-    rates = sorted({r for _, r in points})
-    return ["cluster.gpu_memory_utilization=" + ",".join(map(str, utils)),
-            "workload.rate=" + ",".join(map(str, rates))]
+class TreeMeter:
+    """CPU seconds and peak RSS of a process and all its descendants, sampled every 0.1 s
+    (a process that exits counts up to its last sample)."""
 
-
-def configs(points: list[tuple[float, int]], base: list[str]) -> list:
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        out = [compose("config", overrides=[*base, f"cluster.gpu_memory_utilization={u}",
-                                             f"workload.rate={r}"]) for u, r in points]
-    GlobalHydra.instance().clear()
-    return out
-
-
-class CpuMeter:
-    """CPU seconds used by this process and all its descendants while active.
-
-    Descendants are sampled every 0.2 s and their last sample kept, so processes that
-    exit (killed actors) still count, up to the last 0.2 s of their life.
-    """
-
-    def __init__(self) -> None:
+    def __init__(self, pid: int, rss_of: tuple[str, ...] = ()) -> None:
         import psutil
 
-        self._me = psutil.Process()
-        self._seen: dict[int, float] = {}
-        self._base: dict[int, float] = {}
+        self._root = psutil.Process(pid)
+        self._cpu: dict[int, float] = {}
+        self.peak_rss_mib: dict[str, float] = {name: 0.0 for name in rss_of}
         self._stop = threading.Event()
-
-    def _sample(self) -> dict[int, float]:
-        out = {}
-        for proc in self._me.children(recursive=True):
-            try:
-                t = proc.cpu_times()
-                out[proc.pid] = t.user + t.system
-            except Exception:  # exited between listing and reading
-                continue
-        return out
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            self._seen.update(self._sample())
-
-    def __enter__(self) -> CpuMeter:
-        self._base = self._sample()
-        self._seen = dict(self._base)
-        t = self._me.cpu_times()
-        self._self0 = t.user + t.system
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._seen.update(self._sample())
+    def _sample(self) -> None:
+        try:
+            procs = [self._root, *self._root.children(recursive=True)]
+        except Exception:  # the root exited
+            return
+        for proc in procs:
+            try:
+                t = proc.cpu_times()
+                self._cpu[proc.pid] = t.user + t.system
+                if self.peak_rss_mib:
+                    title = " ".join(proc.cmdline()[:1])
+                    for name in self.peak_rss_mib:
+                        if title.startswith(f"ray::{name}"):
+                            rss = proc.memory_info().rss / 2**20
+                            self.peak_rss_mib[name] = max(self.peak_rss_mib[name], rss)
+            except Exception:  # exited between listing and reading
+                continue
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def stop(self) -> float:
         self._stop.set()
         self._thread.join()
-        t = self._me.cpu_times()
-        self.self_s = t.user + t.system - self._self0
-        self.children_s = sum(v - self._base.get(pid, 0.0) for pid, v in self._seen.items())
-        self.total_s = self.self_s + self.children_s
+        return sum(self._cpu.values())
 
 
-def _warm(cfg) -> int:
-    run_point(cfg)
-    return os.getpid()
+def _env(tree: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    env["PYTHONPATH"] = str(tree)
+    env.setdefault("SERVESWEEP_DATA", str(REPO.parent / "shared" / "data"))
+    return env
 
 
-def _time_points(cfgs: list) -> float:
+def run_sweep(tree: Path, work: Path, extra: list[str], multirun: bool,
+              rss_of: tuple[str, ...] = ("JobRunner",)) -> dict[str, Any]:
+    """One command in ``tree`` on a fresh store in ``work``: wall, CPU, first result, RSS."""
+    work.mkdir(parents=True)
+    out = work / "out"
+    cmd = [sys.executable, "-m", "sweep", GRID, *extra, f"tracking.uri=sqlite:///{work}/mlflow.db"]
+    cmd += ([f"hydra.sweep.dir={out}", "hydra.launcher.progress=false", "-m"] if multirun
+            else [f"hydra.run.dir={out}"])
+    log = (work / "log.txt").open("w")
     t0 = time.perf_counter()
-    for cfg in cfgs:
-        run_point(cfg)
-    return time.perf_counter() - t0
+    proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree), stdout=log, stderr=subprocess.STDOUT)
+    meter = TreeMeter(proc.pid, rss_of)
+    first = None
+    while proc.poll() is None:
+        if first is None and next(out.glob("**/metrics.json"), None) is not None:
+            first = time.perf_counter() - t0
+        time.sleep(0.02)
+    wall = time.perf_counter() - t0
+    cpu = meter.stop()
+    log.close()
+    text = (work / "log.txt").read_text()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} (in {tree}) exited {proc.returncode}:\n{text[-3000:]}")
+    return {"wall_s": wall, "cpu_s": cpu, "first_result_s": first,
+            "peak_rss_mib": meter.peak_rss_mib, "log": text, "out": out}
 
 
-def parallel_control(cfgs: list, workers: int) -> float:
-    """Wall time of the bare points spread over ``workers`` warm processes."""
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(_warm, [cfgs[0]] * workers))
-        chunks = [cfgs[i::workers] for i in range(workers)]
-        t0 = time.perf_counter()
-        list(pool.map(_time_points, chunks))
-        return time.perf_counter() - t0
+def check_ran(res: dict[str, Any], points: int) -> None:
+    """Every point of the sweep was run here, on this fresh store: none reused."""
+    import pandas as pd
+
+    table = pd.read_parquet(res["out"] / "results.parquet")
+    finished = table[table["status"] == "finished"]
+    resumed = int(table["resumed_from"].notna().sum())
+    done = re.findall(r"(\d+) jobs done in", res["log"])
+    if len(finished) != points or resumed or done != [str(points)]:
+        raise SystemExit(f"expected {points} jobs run on a fresh store; results.parquet has "
+                         f"{len(finished)} finished rows, {resumed} resumed; the launcher "
+                         f"logged {done or 'no'} 'jobs done'")
 
 
-class LoopTime(logging.Handler):
-    """Keeps the launcher's "N jobs ran in X s on K actors" (the job loop alone)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.seconds = float("nan")
-
-    def emit(self, record: logging.LogRecord) -> None:
-        found = re.search(r"jobs ran in ([0-9.]+) s", record.getMessage())
-        if found:
-            self.seconds = float(found.group(1))
+def bare(tree: Path) -> dict[str, float]:
+    """Bare ``run_point`` per point (warm caches) with ``tree``'s code, in a subprocess."""
+    out = subprocess.run([sys.executable, "-c", BARE, str(tree / "conf")], cwd=tree,
+                         env=_env(tree), capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-LOOP = LoopTime()
-
-
-def sweep(overrides: list[str], out: Path) -> tuple[float, float]:
-    """Wall and CPU seconds of one in-process multirun on the running Ray."""
-    hydra_ = Hydra.create_main_hydra_file_or_module(
-        calling_file=None, calling_module="sweep.app", config_path="../conf", job_name="sweep"
-    )
+def run_probes(tree: Path, work: Path) -> dict[str, Any]:
+    work.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "sweep.capacity", "+experiment=capacity_search",
+           f"tracking.uri=sqlite:///{work}/mlflow.db", f"hydra.run.dir={work / 'out'}"]
     t0 = time.perf_counter()
-    try:
-        with CpuMeter() as cpu:
-            hydra_.multirun(config_name="config", task_function=task,
-                            overrides=[*overrides, f"hydra.sweep.dir={out}",
-                                       "hydra.launcher.progress=false"],
-                            with_log_configuration=False)
-    finally:
-        GlobalHydra().clear()
-    return time.perf_counter() - t0, cpu.total_s
+    with (work / "log.txt").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree), stdout=log,
+                                stderr=subprocess.STDOUT)
+        meter = TreeMeter(proc.pid, ("ProbeWorker",))
+        proc.wait()
+    cpu = meter.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}: "
+                         f"{(work / 'log.txt').read_text()[-3000:]}")
+    return {"wall_s": time.perf_counter() - t0, "cpu_s": cpu,
+            "probe_rss_mib": meter.peak_rss_mib["ProbeWorker"]}
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def measure(tree: Path, work: Path, probes: bool) -> dict[str, float]:
+    single = run_sweep(tree, work / "single", [], multirun=False)
+    small = run_sweep(tree, work / "small", SMALL, multirun=True)
+    check_ran(small, 4)
+    big = run_sweep(tree, work / "grid", [], multirun=True)
+    check_ran(big, 20)
+    b = bare(tree)
+    slope = (big["cpu_s"] - small["cpu_s"]) / 16
+    res = {
+        "single_first_result_s": single["first_result_s"], "single_wall_s": single["wall_s"],
+        "single_cpu_s": single["cpu_s"],
+        "grid_wall_s": big["wall_s"], "grid_cpu_s": big["cpu_s"],
+        "grid_first_result_s": big["first_result_s"],
+        "small_wall_s": small["wall_s"], "small_cpu_s": small["cpu_s"],
+        "cpu_per_point_s": slope, "cpu_fixed_s": big["cpu_s"] - 20 * slope,
+        "bare_cpu_per_point_s": b["cpu_s"], "bare_wall_per_point_s": b["wall_s"],
+        "ratio": slope / b["cpu_s"],
+        "actor_rss_mib": max(big["peak_rss_mib"]["JobRunner"],
+                             small["peak_rss_mib"]["JobRunner"]),
+    }
+    if probes:
+        p = run_probes(tree, work / "probes")
+        res["probe_rss_mib"] = p["probe_rss_mib"]
+        res["probe_wall_s"] = p["wall_s"]
+    return res
+
+
+ROWS = [
+    ("grid_wall_s", "20-point grid, wall s", "{:.2f}"),
+    ("grid_cpu_s", "20-point grid, CPU s (all processes)", "{:.2f}"),
+    ("grid_first_result_s", "20-point grid, first result s", "{:.2f}"),
+    ("small_wall_s", "4-point grid, wall s", "{:.2f}"),
+    ("cpu_per_point_s", "CPU s per point (slope 4 -> 20)", "{:.3f}"),
+    ("cpu_fixed_s", "CPU s fixed per sweep", "{:.2f}"),
+    ("bare_cpu_per_point_s", "bare run_point CPU s per point", "{:.3f}"),
+    ("ratio", "per-point CPU / bare", "{:.2f}"),
+    ("single_first_result_s", "one point: first result s", "{:.2f}"),
+    ("single_wall_s", "one point: wall s to exit", "{:.2f}"),
+    ("actor_rss_mib", "sweep actor peak RSS MiB", "{:.0f}"),
+    ("probe_rss_mib", "probe worker peak RSS MiB", "{:.0f}"),
+]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--points", type=int, default=16)
-    ap.add_argument("--small", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--actors", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--compare", metavar="REV", help="also measure git revision REV")
+    ap.add_argument("--repeat", type=int, default=1, help="measurements per implementation")
+    ap.add_argument("--probes", action="store_true", help="also run a capacity search")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args(argv)
-    register()
-    logging.getLogger().setLevel(logging.WARNING)
-    launcher_log = logging.getLogger("hydra_plugins.ray_actor_launcher.launcher")
-    launcher_log.setLevel(logging.INFO)
-    launcher_log.addHandler(LOOP)
-    base = ["hardware=l40s", f"workload.num_requests={args.requests}"]
-    big, small = grid(args.points), grid(args.small)
     work = Path(tempfile.mkdtemp(prefix="sweep_overhead_"))
-    os.chdir(work)  # MLflow artifacts (./mlruns) and outputs land here
-
-    cfgs = configs(big, base)
-    run_point(cfgs[0])  # warm caches, as a long-lived actor is
-    c0 = time.process_time()
-    t_bare = _time_points(cfgs)
-    per_bare = t_bare / len(big)
-    cpu_bare = (time.process_time() - c0) / len(big)
-    t_control = parallel_control(cfgs, args.actors)
-
-    import ray
-
-    from sweep.tracking import Tracker
-
-    t0 = time.perf_counter()
-    from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray
-
-    start_ray(ray, "local", {"num_cpus": os.cpu_count(), "object_store_memory": 200 * 2**20,
-                             "log_to_driver": False})
-    t_ray = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    uri = f"sqlite:///{work / 'mlflow.db'}"
-    Tracker(uri, "bench")
-    t_store = time.perf_counter() - t0
-
-    common = [*base, "+experiment=mem_util_grid"]
-    modes = {"platform": [f"tracking.uri={uri}"],
-             "no_mlflow_no_plots": ["tracking.uri=null", "tracking.plots=false"]}
-    walls: dict[str, float] = {}
-    cpus: dict[str, float] = {}
-    loops: dict[str, float] = {}
-    for mode, extra in modes.items():
-        for n, pts in ((len(small), small), (len(big), big)):
-            key = f"{mode}_1actor_{n}"
-            walls[key], cpus[key] = sweep(
-                [*common, *sweep_overrides(pts), "hydra.launcher.num_actors=1", *extra],
-                work / f"{mode}_{n}")
-            loops[key] = LOOP.seconds
-    key = f"platform_{args.actors}actors_{len(big)}"
-    walls[key], cpus[key] = sweep(
-        [*common, *sweep_overrides(big), f"hydra.launcher.num_actors={args.actors}",
-         *modes["platform"]], work / "parallel")
-    loops[key] = LOOP.seconds
-    ray.shutdown()
-
-    nb, ns = len(big), len(small)
-    res: dict[str, float] = {"points": nb, "requests_per_point": args.requests,
-                             "bare_s_per_point": per_bare, "ray_start_s": t_ray,
-                             "mlflow_store_create_s": t_store, "control_parallel_s": t_control,
-                             "bare_cpu_s_per_point": cpu_bare,
-                             **{f"{k}_s": v for k, v in walls.items()},
-                             **{f"{k}_cpu_s": v for k, v in cpus.items()},
-                             **{f"{k}_job_loop_s": v for k, v in loops.items()}}
-    print(f"L40S / Llama-3.1-8B, {args.requests} requests per point, {os.cpu_count()} CPUs")
-    print(f"  bare run_point (engine + metrics): {per_bare * 1e3:.0f} ms/point wall, "
-          f"{cpu_bare * 1e3:.0f} ms/point CPU ({nb} points in {t_bare:.2f} s)")
-    for mode in modes:
-        for label, table, bare in (("wall", walls, per_bare), ("CPU ", cpus, cpu_bare)):
-            small_s, big_s = table[f"{mode}_1actor_{ns}"], table[f"{mode}_1actor_{nb}"]
-            slope = (big_s - small_s) / (nb - ns)
-            fixed = big_s - slope * nb
-            tag = f"{mode}_{label.strip().lower()}"
-            res[f"{tag}_per_point_s"], res[f"{tag}_fixed_s"] = slope, fixed
-            res[f"{tag}_ratio"] = slope / bare
-            print(f"  1 actor, {mode:<18} {label}: {ns} pts {small_s:6.2f} s, {nb} pts "
-                  f"{big_s:6.2f} s -> fixed {fixed:5.2f} s + {slope * 1e3:4.0f} ms/point "
-                  f"(overhead {(slope - bare) * 1e3:+4.0f} ms/point, ratio {slope / bare:.2f})")
-    w1 = walls[f"platform_1actor_{nb}"]
-    wn = walls[f"platform_{args.actors}actors_{nb}"]
-    l1, ln = loops[f"platform_1actor_{nb}"], loops[f"platform_{args.actors}actors_{nb}"]
-    res["speedup_sweep"] = w1 / wn
-    res["speedup_job_loop"] = l1 / ln
-    res["speedup_control"] = t_bare / t_control
-    print(f"  {nb} points, {args.actors} actors: {wn:.2f} s vs 1 actor {w1:.2f} s -> "
-          f"speedup {w1 / wn:.2f}x; job loop alone {ln:.2f} s vs {l1:.2f} s -> "
-          f"{l1 / ln:.2f}x")
-    print(f"  control, same bare points in {args.actors} processes: {t_control:.2f} s vs "
-          f"{t_bare:.2f} s serial -> speedup {t_bare / t_control:.2f}x (the machine's ceiling)")
-    print(f"  one-time: Ray start {t_ray:.2f} s, MLflow store creation {t_store:.2f} s")
-    load = os.getloadavg()
-    res["load_avg_1m"] = load[0]
-    print(f"  load average at the end: {load[0]:.1f} (1 min) on {os.cpu_count()} CPUs")
+    trees = {"this tree": REPO}
+    if args.compare:
+        wt = work / "worktree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(wt), args.compare], cwd=REPO,
+                       check=True, capture_output=True)
+        trees[args.compare] = wt
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    try:
+        for i in range(args.repeat):  # alternate, so both see the same machine load
+            for name, tree in trees.items():
+                label = re.sub(r"\W", "_", name)
+                runs[name].append(measure(tree, work / f"{label}_{i}", args.probes))
+                print(f"  {name} #{i + 1} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+    finally:
+        if args.compare:
+            subprocess.run(["git", "worktree", "remove", "--force", str(work / "worktree")],
+                           cwd=REPO, check=False, capture_output=True)
+    print(f"mem_util_grid (20 points, 300 requests each), {os.cpu_count()} CPUs, fresh store "
+          f"per run; median of {args.repeat} (min..max)")
+    print(f"  {'':40s}" + "".join(f"{name:>24s}" for name in trees))
+    for key, label, fmt in ROWS:
+        cells = []
+        for name in trees:
+            vals = [r[key] for r in runs[name] if r.get(key) is not None]
+            if not vals:
+                cells.append(f"{'-':>24s}")
+                continue
+            med = fmt.format(statistics.median(vals))
+            spread = f" ({fmt.format(min(vals))}..{fmt.format(max(vals))})" if len(vals) > 1 else ""
+            cells.append(f"{med + spread:>24s}")
+        print(f"  {label:40s}" + "".join(cells))
+    print(f"  load average at the end: {os.getloadavg()[0]:.1f} (1 min)")
     if args.json:
-        args.json.write_text(json.dumps(res, indent=1))
-    return res
+        args.json.write_text(json.dumps(runs, indent=1))
+    return runs
 
 
 if __name__ == "__main__":

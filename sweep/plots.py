@@ -13,29 +13,53 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 
+class _SeriesFigure:
+    """The time-series figure, built once per process and refilled for each point: creating
+    the figure, axes, legends and ticks costs about as much as rendering it, and an actor
+    plots every point it runs."""
+
+    PANELS = (("running", "waiting"), ("kv_usage_pct",), ("prompt_throughput", "gen_throughput"))
+
+    def __init__(self) -> None:
+        fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
+        fig.subplots_adjust(left=0.11, right=0.97, top=0.94, bottom=0.08, hspace=0.12)
+        self.fig, self.axes = fig, axes
+        self.lines = [
+            [axes[0].plot([], [], label="running")[0], axes[0].plot([], [], label="waiting")[0]],
+            [axes[1].plot([], [], color="tab:red")[0]],
+            [axes[2].plot([], [], label="prompt")[0], axes[2].plot([], [], label="generation")[0]],
+        ]
+        axes[0].set_ylabel("requests")
+        axes[0].legend(loc="upper right")
+        axes[1].set_ylabel("KV cache %")
+        axes[2].set_ylabel("tokens/s")
+        axes[2].set_xlabel("simulated time (s)")
+        axes[2].legend(loc="upper right")
+
+    def png(self, series: Mapping[str, Sequence[float]], title: str) -> bytes:
+        t = list(series.get("t_s", []))
+        for ax, names, lines in zip(self.axes, self.PANELS, self.lines, strict=True):
+            for name, line in zip(names, lines, strict=True):
+                line.set_data(t, list(series.get(name, [])))
+            ax.relim()
+            ax.autoscale_view()
+        self.axes[1].set_ylim(0, 105)
+        self.axes[0].set_title(title, fontsize=9)
+        buf = io.BytesIO()
+        self.fig.savefig(buf, format="png", dpi=72)
+        return buf.getvalue()
+
+
+_FIGURE: _SeriesFigure | None = None
+
+
 def timeseries_png(series: Mapping[str, Sequence[float]], title: str) -> bytes:
     """Running/waiting requests, KV-cache usage and token throughput over simulated time,
     as PNG bytes (rendered where the job runs, so the driver only stores it)."""
-    t = list(series.get("t_s", []))
-    fig, axes = plt.subplots(3, 1, figsize=(7, 6), sharex=True)
-    fig.subplots_adjust(left=0.11, right=0.97, top=0.94, bottom=0.08, hspace=0.12)
-    axes[0].plot(t, series.get("running", []), label="running")
-    axes[0].plot(t, series.get("waiting", []), label="waiting")
-    axes[0].set_ylabel("requests")
-    axes[0].legend(loc="upper right")
-    axes[1].plot(t, series.get("kv_usage_pct", []), color="tab:red")
-    axes[1].set_ylabel("KV cache %")
-    axes[1].set_ylim(0, 105)
-    axes[2].plot(t, series.get("prompt_throughput", []), label="prompt")
-    axes[2].plot(t, series.get("gen_throughput", []), label="generation")
-    axes[2].set_ylabel("tokens/s")
-    axes[2].set_xlabel("simulated time (s)")
-    axes[2].legend(loc="upper right")
-    axes[0].set_title(title, fontsize=9)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=72)
-    plt.close(fig)
-    return buf.getvalue()
+    global _FIGURE
+    if _FIGURE is None:
+        _FIGURE = _SeriesFigure()
+    return _FIGURE.png(series, title)
 
 
 def study_plot(

@@ -22,6 +22,7 @@ never waits on the store.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -158,6 +159,9 @@ class SweepRecorder:
         except TrackingError as err:
             raise SystemExit(f"{err}\nNothing was run.") from None
         self.claims = Claims(self.tracker)
+        if self.nested and (self.study.get("plot") or {}).get("x"):
+            # matplotlib for the study plot at ``close``: imported while the jobs run
+            self._writer.submit(importlib.import_module, "sweep.plots")
         try:
             self._open_parent()
         except TrackingWriteError as err:
@@ -482,15 +486,15 @@ class SweepRecorder:
         if run_id is None:
             name = self._names.get(idx) or str(self.study["name"])
             run_id = tr.create_run(name, tags, parent_id=self.parent_id)
-        else:
-            tr.set_tags(run_id, tags)
-        tr.log_params(run_id, params)
-        if value is not None:
-            tr.log_metrics(run_id, value["metrics"])
-            series = value.get("timeseries") or {}
-            if self.tracking.get("timeseries") and series.get("t_s"):
-                steps = [int(t) for t in series["t_s"]]
-                tr.log_series(run_id, {k: v for k, v in series.items() if k != "t_s"}, steps)
+            tags = {}
+        # params, tags, metrics and the time series: one batched write (``Tracker.log_point``)
+        series = (value.get("timeseries") or {}) if value is not None else {}
+        logged = bool(self.tracking.get("timeseries") and series.get("t_s"))
+        tr.log_point(
+            run_id, params, value["metrics"] if value is not None else {}, tags,
+            {k: v for k, v in series.items() if k != "t_s"} if logged else None,
+            [int(t) for t in series["t_s"]] if logged else None,
+        )
         for path in files:
             tr.log_artifact(run_id, path)
         tr.finish(run_id, ("FAILED" if status == "failed" else "FINISHED") if complete

@@ -41,8 +41,10 @@ from sweep.store_check import TrackingError, check_store, sqlite_path  # noqa: E
 __all__ = ["TrackingError", "TrackingWriteError", "Tracker", "RetryPolicy", "check_store",
            "finite_metrics", "sqlite_path"]
 
-MAX_PARAMS = 100  # per log_batch call (MLflow's limit)
+MAX_PARAMS = 100  # per log_batch call (MLflow's limits: 100 params, 100 tags,
+MAX_TAGS = 100  # 1000 metrics, 1000 entities in all)
 MAX_METRICS = 1000
+MAX_ENTITIES = 1000
 MAX_PARAM_LEN = 6000
 
 
@@ -180,6 +182,36 @@ class Tracker:
             for step, v in zip(steps, values, strict=True)
         ]
         self._log_metric_list(run_id, items)
+
+    def log_point(self, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
+                  tags: Mapping[str, str] | None = None,
+                  series: Mapping[str, Iterable[float]] | None = None,
+                  steps: list[int] | None = None, prefix: str = "ts/") -> None:
+        """One point's params, tags, metrics and stepped series (``log_series``) in as few
+        ``log_batch`` calls as MLflow's batch limits allow (two for a typical point, against
+        one call per kind and per 100 params before). Each call is one store transaction,
+        retried on its own, so a retry never logs a value twice. ±inf metrics go in as NaN
+        with a ``nonfinite_metrics`` tag, as in ``log_metrics``."""
+        now = int(time.time() * 1000)
+        values, replaced = finite_metrics(metrics)
+        all_tags = dict(tags or {})
+        if replaced:
+            all_tags["nonfinite_metrics"] = ",".join(f"{k}={v}" for k, v in sorted(replaced.items()))
+        param_items = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in params.items()]
+        tag_items = [RunTag(k, str(v)) for k, v in all_tags.items()]
+        metric_items = [Metric(k, v, now, 0) for k, v in values.items()]
+        if series is not None and steps is not None:
+            metric_items += [
+                Metric(f"{prefix}{name}", float(v), now, step)
+                for name, column in series.items()
+                for step, v in zip(steps, column, strict=True)
+            ]
+        while param_items or tag_items or metric_items:
+            batch_params, param_items = param_items[:MAX_PARAMS], param_items[MAX_PARAMS:]
+            batch_tags, tag_items = tag_items[:MAX_TAGS], tag_items[MAX_TAGS:]
+            room = min(MAX_METRICS, MAX_ENTITIES - len(batch_params) - len(batch_tags))
+            batch_metrics, metric_items = metric_items[:room], metric_items[room:]
+            self._batch(run_id, params=batch_params, tags=batch_tags, metrics=batch_metrics)
 
     def _log_metric_list(self, run_id: str, items: list[Metric]) -> None:
         for i in range(0, len(items), MAX_METRICS):

@@ -1,8 +1,11 @@
 """``RayActorLauncher``: Hydra jobs on a pool of long-lived Ray actors.
 
-The driver (this process) composes and validates every job config, then starts or
-attaches Ray, creates the actors, sends each job to the next idle actor and hands each
-result to the recorder as it arrives. Results go back to the sweeper in job order.
+The driver (this process) starts or attaches Ray and creates the actors in a background
+thread as soon as a launch begins, while it composes and validates every job config and
+opens the recorder (Ray's processes and the actors' imports use the other cores meanwhile);
+then it sends each job to the next idle actor and hands each result to the recorder as it
+arrives. Results go back to the sweeper in job order. At the end Ray is stopped while the
+recorder writes its table and closes its runs.
 
 A recorder that offers ``acquire`` decides per job, before it runs, whether to run it (it
 claimed the job), reuse a stored result (``resume``, the default) or wait because another
@@ -40,6 +43,14 @@ log = logging.getLogger(__name__)
 ON_FAILURE = ("continue", "return", "raise")
 
 
+class _NoThreadSigtermWarning(logging.Filter):
+    """``ray.init`` outside the main thread warns that it did not install its SIGTERM
+    handler; the launcher installs its own (``_sigterm_as_interrupt``), so that is expected."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("SIGTERM handler is not set")
+
+
 
 
 class RayActorLauncher(Launcher):
@@ -55,6 +66,9 @@ class RayActorLauncher(Launcher):
         self.task_function: TaskFunction | None = None
         self._started_ray = False
         self._ray_pids: dict[int, str] = {}
+        self._startup: RayOwner | None = None
+        self._actors: list[Any] = []
+        self._remote_cls: Any = None
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -82,28 +96,40 @@ class RayActorLauncher(Launcher):
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
     ) -> Sequence[JobReturn]:
         assert self.config is not None
-        jobs = self._compose(job_overrides, initial_job_idx, sweep_dir)
-        infeasible = self._validate(jobs) if self.params.validator else {}
-        log.info(f"Launching {len(jobs)} jobs on Ray actors, sweep dir {sweep_dir}")
-        recorder = self._make_recorder(sweep_dir, len(jobs))
-        # The recorder opens its store (e.g. migrates an MLflow DB) while Ray starts.
-        starting = InBackground(recorder.start) if recorder is not None else None
-        status = "KILLED"
-        results: dict[int, JobReturn] = {}
-        lost: str | None = None
-        problem: str | None = None
-        with _sigterm_as_interrupt():
-            try:
+        # Ray and the actors start now, in the background, while this thread composes and
+        # validates the jobs and opens the recorder; an invalid sweep stops them again.
+        self._startup = RayOwner(lambda: self._start_pool(len(job_overrides)), self._stop_pool)
+        try:
+            jobs = self._compose(job_overrides, initial_job_idx, sweep_dir)
+            infeasible = self._validate(jobs) if self.params.validator else {}
+            log.info(f"Launching {len(jobs)} jobs on Ray actors, sweep dir {sweep_dir}")
+            # The recorder is imported and opens its store (e.g. migrates an MLflow DB) while
+            # the actors start.
+            opened: dict[str, Recorder] = {}
+            starting = (InBackground(lambda: self._open_recorder(sweep_dir, len(jobs), opened))
+                        if self.params.recorder else None)
+            status = "KILLED"
+            results: dict[int, JobReturn] = {}
+            lost: str | None = None
+            problem: str | None = None
+            with _sigterm_as_interrupt():
                 try:
-                    self._run(jobs, job_overrides, initial_job_idx, recorder, starting, results,
-                              infeasible)
-                except ClusterLost as err:
-                    lost = str(err)
-                failed = sum(r.status == JobStatus.FAILED for r in results.values())
-                status = "FAILED" if failed or lost else "FINISHED"
-            finally:
-                if recorder is not None and starting is not None and starting.succeeded():
-                    problem = recorder.close(status)
+                    try:
+                        self._run(jobs, job_overrides, initial_job_idx, opened, starting,
+                                  results, infeasible)
+                    except ClusterLost as err:
+                        lost = str(err)
+                    failed = sum(r.status == JobStatus.FAILED for r in results.values())
+                    status = "FAILED" if failed or lost else "FINISHED"
+                finally:
+                    # Ray stops while the recorder writes its table and closes its runs.
+                    self._startup.stop()
+                    if starting is not None and starting.succeeded():
+                        problem = opened["recorder"].close(status)
+        finally:
+            self._startup.stop()
+            self._startup.join()
+            self._startup = None
         missing = len(jobs) - len(results)
         if lost is not None:
             raise SystemExit(
@@ -128,6 +154,41 @@ class RayActorLauncher(Launcher):
         elif problem:
             raise SystemExit(problem)
         return ordered
+
+    def _open_recorder(self, sweep_dir: Path, num_jobs: int, opened: dict[str, Recorder]) -> None:
+        """Import and start the recorder (in the background thread); ``opened["recorder"]``
+        is set only once ``start`` succeeded, so only a started recorder is closed."""
+        recorder = self._make_recorder(sweep_dir, num_jobs)
+        assert recorder is not None
+        recorder.start()
+        opened["recorder"] = recorder
+
+    def _start_pool(self, num_jobs: int) -> None:
+        """Start or attach Ray and create the pool's actors; return once every actor runs
+        (it has imported ``preload``). Runs in the ``RayOwner`` thread ``self._startup``."""
+        import ray
+
+        t_start = time.monotonic()
+        logging.getLogger("ray._private.worker").addFilter(_NoThreadSigtermWarning())
+        self._ensure_ray(ray)
+        actor_options = dict(OmegaConf.to_container(self.params.actor_options, resolve=True))
+        actor_options.setdefault("max_concurrency", 1)
+        from hydra_plugins.ray_actor_launcher._actor import JobRunner
+
+        self._remote_cls = ray.remote(JobRunner).options(**actor_options)
+        size = self._pool_size(ray, actor_options, num_jobs)
+        preload = tuple(self.params.preload or ())
+        for _ in range(size):  # kept one by one: a failure below still stops those created
+            self._actors.append(self._remote_cls.remote(preload))
+        ray.get([a.pid.remote() for a in self._actors], timeout=self.params.ready_timeout_s)
+        log.info(f"{size} actors ready {time.monotonic() - t_start:.1f} s after Ray was asked for")
+
+    def _stop_pool(self) -> None:
+        """Stop the actors (and the Ray started here); runs in the ``RayOwner`` thread."""
+        import ray
+
+        self._stop_ray(ray, self._actors)
+        self._actors = []
 
     def _compose(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
@@ -185,49 +246,37 @@ class RayActorLauncher(Launcher):
         jobs: list[tuple[int, DictConfig]],
         job_overrides: Sequence[Sequence[str]],
         initial_job_idx: int,
-        recorder: Recorder | None,
+        opened: dict[str, Recorder],
         starting: InBackground | None,
         results: dict[int, JobReturn],
         infeasible: dict[int, str],
     ) -> None:
         """Run the jobs; each result is put into ``results`` (and recorded) as it arrives. An
         infeasible job is recorded with its reason (``{"status": "infeasible", "reason"}``),
-        never run."""
+        never run. The actors are those ``_start_pool`` started; ``_launch`` stops them."""
         import ray
 
-        from hydra_plugins.ray_actor_launcher._actor import JobRunner
         from hydra_plugins.ray_actor_launcher._pool import ActorSet
         from hydra_plugins.ray_actor_launcher._progress import Progress
 
-        t_start = time.monotonic()
         configs = dict(jobs)
         progress = Progress(len(jobs), bool(self.params.progress))
-        if len(infeasible) == len(jobs):  # nothing can run: record it all without Ray
-            try:
-                if starting is not None:
-                    starting.wait()
-                self._drive(jobs, job_overrides, initial_job_idx, recorder, results, infeasible,
-                            configs, progress, None, None)
-            finally:
-                progress.close()
-            return
-        self._ensure_ray(ray)
-        actor_options = dict(OmegaConf.to_container(self.params.actor_options, resolve=True))
-        actor_options.setdefault("max_concurrency", 1)
-        remote_cls = ray.remote(JobRunner).options(**actor_options)
-        actors: list[Any] = []
         try:
-            size = self._pool_size(ray, actor_options, len(jobs))
-            preload = tuple(self.params.preload or ())
-            actors = [remote_cls.remote(preload) for _ in range(size)]
-            ray.get([a.pid.remote() for a in actors], timeout=self.params.ready_timeout_s)
-            self._check_exposure()
             if starting is not None:
                 starting.wait()
-            log.info(f"{size} actors ready {time.monotonic() - t_start:.1f} s after launch")
+            recorder = opened.get("recorder")
+            if len(infeasible) == len(jobs):  # nothing can run: record it all, no actor needed
+                self._drive(jobs, job_overrides, initial_job_idx, recorder, results, infeasible,
+                            configs, progress, None, None)
+                return
+            assert self._startup is not None
+            self._startup.wait_started()
+            self._check_exposure()
+            remote_cls = self._remote_cls
+            preload = tuple(self.params.preload or ())
             t_jobs = time.monotonic()
             pool = ActorSet(
-                actors, lambda: remote_cls.remote(preload), self.params.job_timeout_s,
+                self._actors, lambda: remote_cls.remote(preload), self.params.job_timeout_s,
                 max_retries=int(self.params.max_retries),
                 ready_timeout_s=float(self.params.ready_timeout_s),
             )
@@ -240,15 +289,16 @@ class RayActorLauncher(Launcher):
                 return actor.run.remote(item[0], ctx_ref, item[1], fn_ref, state_ref, state_key)
 
             pool.health = self._cluster_health(ray)
-            self._drive(jobs, job_overrides, initial_job_idx, recorder, results, infeasible,
-                        configs, progress, pool, submit)
-            actors = pool.actors
-            log.info(f"{len(jobs)} jobs done in {time.monotonic() - t_jobs:.1f} s on {size} actors"
-                     + (f" ({pool.replaced} replaced, {pool.retried} jobs retried)"
-                        if pool.replaced else ""))
+            try:
+                self._drive(jobs, job_overrides, initial_job_idx, recorder, results, infeasible,
+                            configs, progress, pool, submit)
+            finally:
+                self._actors = pool.actors  # replacements included, for ``_stop_pool``
+            log.info(f"{len(jobs)} jobs done in {time.monotonic() - t_jobs:.1f} s on "
+                     f"{len(pool.actors)} actors" + (f" ({pool.replaced} replaced, "
+                     f"{pool.retried} jobs retried)" if pool.replaced else ""))
         finally:
             progress.close()
-            self._stop_ray(ray, actors)
 
     def _drive(
         self,
@@ -425,6 +475,47 @@ class InBackground:
     def succeeded(self) -> bool:
         self._thread.join()
         return self._error is None
+
+
+class RayOwner:
+    """The thread that starts Ray and the actors (``start``) and, once told to, stops them
+    (``stop``). One thread owns them for the whole launch because Ray ties the processes it
+    starts to the thread that started them (Linux ``PR_SET_PDEATHSIG`` acts when the parent
+    *thread* exits): a local Ray started in a short-lived thread would die with it."""
+
+    def __init__(self, start: Callable[[], None], stop: Callable[[], None]) -> None:
+        self._started = threading.Event()
+        self._stopping = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(start, stop), daemon=True,
+                                        name="ray-owner")
+        self._thread.start()
+
+    def _main(self, start: Callable[[], None], stop: Callable[[], None]) -> None:
+        try:
+            start()
+        except BaseException as err:  # handed to ``wait_started``
+            self._error = err
+        finally:
+            self._started.set()
+        self._stopping.wait()
+        try:
+            stop()
+        except Exception as err:  # the sweep's results are recorded; a stop failure is not one
+            log.warning(f"stopping Ray: {type(err).__name__}: {err}")
+
+    def wait_started(self) -> None:
+        """Block until Ray and every actor run; re-raise the start-up's error."""
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        """Ask the owner to stop the actors and Ray (once start-up has ended)."""
+        self._stopping.set()
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def task_view(cfg: DictConfig) -> DictConfig:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 SMALL = ["cluster.gpu_memory_utilization=0.5,0.9", "workload.rate=1,4"]  # 4 of the 20 points
 GRID = "+experiment=mem_util_grid"
 
@@ -64,13 +65,13 @@ print(json.dumps({"cpu_s": (time.process_time() - c0) / len(cfgs),
 
 
 class TreeMeter:
-    """CPU seconds and peak RSS of a process and all its descendants, sampled every 0.1 s
-    (a process that exits counts up to its last sample)."""
+    """CPU seconds and peak RSS of a process and all its descendants, read from Linux
+    ``/proc`` every 0.1 s (a process that exits counts up to its last sample)."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
 
     def __init__(self, pid: int, rss_of: tuple[str, ...] = ()) -> None:
-        import psutil
-
-        self._root = psutil.Process(pid)
+        self._root = pid
         self._cpu: dict[int, float] = {}
         self.peak_rss_mib: dict[str, float] = {name: 0.0 for name in rss_of}
         self._stop = threading.Event()
@@ -78,21 +79,20 @@ class TreeMeter:
         self._thread.start()
 
     def _sample(self) -> None:
-        try:
-            procs = [self._root, *self._root.children(recursive=True)]
-        except Exception:  # the root exited
-            return
-        for proc in procs:
+        from hydra_plugins.ray_actor_launcher.ray_cluster import process_tree
+
+        for pid in process_tree(self._root):
             try:
-                t = proc.cpu_times()
-                self._cpu[proc.pid] = t.user + t.system
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                self._cpu[pid] = (int(stat[11]) + int(stat[12])) / self.TICK  # utime + stime
                 if self.peak_rss_mib:
-                    title = " ".join(proc.cmdline()[:1])
+                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
                     for name in self.peak_rss_mib:
                         if title.startswith(f"ray::{name}"):
-                            rss = proc.memory_info().rss / 2**20
-                            self.peak_rss_mib[name] = max(self.peak_rss_mib[name], rss)
-            except Exception:  # exited between listing and reading
+                            rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+                            rss_mib = rss * os.sysconf("SC_PAGE_SIZE") / 2**20
+                            self.peak_rss_mib[name] = max(self.peak_rss_mib[name], rss_mib)
+            except (OSError, IndexError, ValueError):  # exited between listing and reading
                 continue
 
     def _loop(self) -> None:

@@ -56,8 +56,6 @@ RUN_KEYS = ("model_id", "request_rate", "burstiness", "max_concurrency", "durati
 # ``--percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 90,95,99``.
 WRITTEN_METRICS = ("ttft", "tpot", "itl", "e2el")
 WRITTEN_PERCENTILES = (90.0, 95.0, 99.0)
-# Datasets whose prompts share prefixes that lengths alone cannot rebuild.
-SHARING_DATASETS = ("prefix_repetition",)
 
 
 @dataclass(frozen=True)
@@ -217,26 +215,83 @@ def read_result(path: str | Path) -> BenchResult:
 # The workload a result implies
 
 
+def _meta_int(bench: BenchResult, key: str, default: int) -> int:
+    """A ``--metadata KEY=VALUE`` integer of the result (vLLM stores the value as text)."""
+    value = bench.run.get(key, default)
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise _fail(bench.path, key, f"must be an integer, got {value!r}") from None
+    if isinstance(value, float) and not value.is_integer():
+        raise _fail(bench.path, key, f"must be an integer, got {value!r}")
+    return number
+
+
+def _dataset_prompts(bench: BenchResult, times_ns: tuple[int, ...]) -> list[Sequence[int]] | None:
+    """The prompts of a dataset whose name says they share prefixes, drawn as vLLM 0.19 draws
+    them (``workloads.vllm_datasets``) from the result's ``--metadata`` (vLLM's flag names
+    with underscores, its defaults when absent): ``prefix_repetition`` (``--prefix-repetition-*``,
+    ``--seed``, ``--disable-shuffle``) or ``random`` with ``random_prefix_len`` > 0. ``None``
+    for any other dataset (no sharing assumed)."""
+    from workloads.vllm_datasets import prefix_repetition, vllm_random
+
+    name = bench.dataset_name
+    load = Load(times_ns=times_ns, who=f"{bench.path} start_times")
+    seed = _meta_int(bench, "seed", 0)
+    if name == "prefix_repetition":
+        num = _meta_int(bench, "prefix_repetition_num_prefixes", 10)
+        if len(times_ns) % num:
+            raise _fail(bench.path, "prefix_repetition_num_prefixes",
+                        f"is {num}, which does not divide the {len(times_ns)} requests (vLLM "
+                        "serves num_prefixes x (num_prompts // num_prefixes))",
+                        "give the --metadata the benchmark ran with")
+        shuffle = str(bench.run.get("disable_shuffle", "false")).lower() not in ("true", "1")
+        reqs = prefix_repetition(
+            load, prefix_len=_meta_int(bench, "prefix_repetition_prefix_len", 256),
+            suffix_len=_meta_int(bench, "prefix_repetition_suffix_len", 256), num_prefixes=num,
+            output_len=_meta_int(bench, "prefix_repetition_output_len", 128), seed=seed,
+            shuffle=shuffle)
+    elif name == "random" and _meta_int(bench, "random_prefix_len", 0) > 0:
+        reqs = vllm_random(
+            load, input_len=_meta_int(bench, "random_input_len", 1024),
+            output_len=_meta_int(bench, "random_output_len", 128),
+            prefix_len=_meta_int(bench, "random_prefix_len", 0), seed=seed)
+    else:
+        return None
+    return [r.prompt_ids for r in reqs]
+
+
 def rebuild_workload(bench: BenchResult) -> list[RequestSpec]:
     """The completed requests of ``bench`` as a workload: each arrives at its send time
-    (``start_times`` from the first send), with its input and output lengths and placeholder
-    prompt ids unique across the run (``workloads.limits.PLACEHOLDER_ID_BASE``, the trace
-    readers' convention), so no two requests share a prefix-cache block. A dataset whose
-    name says its prompts share prefixes is refused (lengths cannot rebuild the sharing)."""
-    name = bench.dataset_name
-    if name in SHARING_DATASETS:
-        raise ConfigError(
-            f"{bench.path}: dataset_name {name!r} shares prompt prefixes, which the lengths in "
-            "the result cannot rebuild; pass --workload with the token ids that were sent"
-        )
-    done = bench.completed().sort_values("arrival_ns", kind="stable")
-    load = Load(times_ns=tuple(int(t) for t in done["arrival_ns"]), who=str(bench.path))
+    (``start_times`` from the first send) with its input and output lengths. Prompt ids are
+    placeholders unique across the run (``workloads.limits.PLACEHOLDER_ID_BASE``, the trace
+    readers' convention), so no two requests share a prefix-cache block, unless the result's
+    ``dataset_name`` (``--metadata dataset_name=...``) says its prompts share prefixes
+    (``prefix_repetition``; ``random`` with ``random_prefix_len``): then request ``i`` gets
+    the ``i``-th prompt of that dataset as vLLM draws it (``_dataset_prompts``), cut or
+    extended with unique ids to its ``input_lens`` entry (vLLM's re-tokenisation can move a
+    length by a few tokens)."""
+    reqs = bench.requests
+    # Every request, failed ones too, drew its prompt: the dataset is indexed in file order.
+    times = np.maximum.accumulate(reqs["arrival_ns"].to_numpy())
+    shared = _dataset_prompts(bench, tuple(int(t) for t in times))
+    if shared is not None and len(shared) < len(reqs):
+        raise _fail(bench.path, "dataset_name", f"{bench.dataset_name!r} draws {len(shared)} "
+                    f"prompts for {len(reqs)} requests", "give the --metadata it ran with")
     base = PLACEHOLDER_ID_BASE
     out = []
-    for t, rid, n_in, n_out in zip(load.times_ns, done["request_id"], done["prompt_len"],
-                                   done["output_len"], strict=True):
-        out.append(RequestSpec(str(rid), t, range(base, base + int(n_in)), int(n_out)))
-        base += int(n_in)
+    for row in reqs.itertuples(index=False):
+        if row.failed:
+            continue
+        n_in = int(row.prompt_len)
+        prompt: Sequence[int] = range(base, base + n_in)
+        if shared is not None:
+            head = list(shared[row.request_index][:n_in])
+            prompt = head + list(range(base, base + n_in - len(head)))
+        base += n_in
+        out.append(RequestSpec(str(row.request_id), int(row.arrival_ns), prompt,
+                               int(row.output_len)))
+    out.sort(key=lambda r: r.arrival_ns)
     return out
 
 

@@ -392,7 +392,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", help="write the report here")
     p.add_argument("--model-config", help="HF config.json when the model is not in the catalog")
     p.add_argument(
-        "--sync", action="store_true", help="synchronous scheduling (vLLM default is async)"
+        "--sync", action="store_true", help="synchronous scheduling (vLLM default is async; "
+        "with a bench JSON use --no-async-scheduling in --server-args)"
     )
     p.add_argument(
         "--step-overhead-us",
@@ -409,6 +410,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.sync and Path(args.truth).is_file():
+        raise ConfigError("--sync: a vllm bench serve result's scheduling comes from "
+                          "--server-args; add --no-async-scheduling there instead")
     base = EngineConfig(async_scheduling=not args.sync)
     if args.step_overhead_us is not None:
         base = replace(base, step_overhead_us=args.step_overhead_us)

@@ -258,7 +258,10 @@ def test_round_trip_ours_written_and_read_back_is_zero_diff(shared_data: Path,
     ({"ttfts": "bad"}, r"ttfts must be a list"),
     ({"errors": ["" for _ in range(299)]}, r"errors has 299 entries but input_lens has 300"),
     ({"failed": 4}, r"failed is 4 but the per-request lists give 0"),
-    ({"dataset_name": "prefix_repetition"}, r"dataset_name 'prefix_repetition' shares prompt"),
+    ({"dataset_name": "prefix_repetition", "prefix_repetition_num_prefixes": "7"},
+     r"prefix_repetition_num_prefixes is 7, which does not divide the 300 requests"),
+    ({"dataset_name": "random", "random_prefix_len": "lots"},
+     r"random_prefix_len must be an integer, got 'lots'"),
 ])
 def test_malformed_results_are_one_clear_error(shared_data: Path, tmp_path: Path,
                                                change: dict, message: str) -> None:
@@ -273,6 +276,25 @@ def test_malformed_results_are_one_clear_error(shared_data: Path, tmp_path: Path
     with pytest.raises(ConfigError, match=message) as err:
         rebuild_workload(read_result(path))
     assert str(path) in str(err.value)
+
+
+def test_a_dataset_that_shares_prefixes_is_rebuilt_as_vllm_draws_it(shared_data: Path,
+                                                                    tmp_path: Path) -> None:
+    data = llama_result(shared_data, failed=(4,))
+    data.update(dataset_name="prefix_repetition", prefix_repetition_num_prefixes="10")
+    data["input_lens"] = [512] * 299 + [510]  # vLLM's re-tokenisation may move a length
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    rebuilt = {r.request_id: r for r in rebuild_workload(read_result(path))}
+    assert len(rebuilt) == 299 and rebuilt["bench-299"].prompt_len == 510
+    assert len({tuple(r.prompt_ids[:256]) for r in rebuilt.values()}) == 10  # 10 prefixes
+    assert len({tuple(r.prompt_ids[256:]) for r in rebuilt.values()}) == 299  # own suffixes
+    from workloads import Load, prefix_repetition
+
+    drawn = prefix_repetition(Load(num_requests=300, rate=float("inf")))
+    assert list(rebuilt["bench-7"].prompt_ids) == list(drawn[7].prompt_ids)
+    plain = rebuild_workload(read_result(write_llama_result(shared_data, tmp_path / "p.json")))
+    assert len({r.prompt_ids[0] for r in plain}) == 300  # no dataset name: nothing shared
 
 
 def test_bad_values_name_the_key_and_index(shared_data: Path, tmp_path: Path) -> None:

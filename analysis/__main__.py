@@ -13,7 +13,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     from analysis import validate
 
-    validate.add_arguments(sub.add_parser("validate", help="replay a vLLM run and compare"))
+    validate.add_arguments(sub.add_parser(
+        "validate", help="replay a vLLM run (ground-truth folder or vllm bench serve result) "
+        "and compare"))
     from analysis import run_scenario
 
     run_scenario.add_arguments(

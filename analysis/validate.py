@@ -1,16 +1,29 @@
-"""``python -m analysis validate``: replay a vLLM ground-truth run and compare.
+"""``python -m analysis validate``: replay a vLLM run and compare.
 
-It runs the engine with the settings the truth recorded (``vllm/meta.json`` engine kwargs,
-converted once by ``analysis.groundtruth.recorded_engine``, and the ``config.json`` cluster
-file), prints a side-by-side table of the 15 validation
-metrics (TTFT/TPOT/E2E latency x mean/median/P90/P95/P99; Diff% = (sim − vLLM)/vLLM·100)
-and writes a JSON report.
+Two kinds of truth:
 
-Which instant each side measures from: the same one. vLLM's times are taken from
-``queued_ts``, which its engine core stamps when the busy loop drains the input queue — at a
-step boundary, up to a step after the request reached the process. The simulator's are taken
-from ``queued_ns``, the instant the simulated engine loop picked the request up (the first
-schedule at or after its arrival; the arrival itself when the engine was idle).
+- a ground-truth folder (``analysis.groundtruth``): the engine runs with the settings the
+  truth recorded (``vllm/meta.json`` engine kwargs, converted once by
+  ``analysis.groundtruth.recorded_engine``, and the ``config.json`` cluster file) on the
+  ``--workload`` it replayed;
+- a ``vllm bench serve --save-result --save-detailed`` JSON (``analysis.bench_serve``): the
+  server from ``--server-args`` (``analysis.server_args``) on the catalog ``--hardware``, the KV
+  capacity from ``--num-gpu-blocks`` or ``--server-log`` (``analysis.server_log``), the
+  workload rebuilt from the file or ``--workload``'s token ids on its send times; failed
+  requests are left out on both sides and counted.
+
+It prints a side-by-side table of the 15 validation metrics (TTFT/TPOT/E2E latency x
+mean/median/P90/P95/P99; Diff% = (sim − vLLM)/vLLM·100) and writes a JSON report;
+``--bench-json`` writes the simulated run as a bench result.
+
+Which instant each side measures from: the same one (``analysis.metrics`` views). For a
+folder, vLLM's times are taken from ``queued_ts``, which its engine core stamps when the busy
+loop drains the input queue — at a step boundary, up to a step after the request reached the
+process — and the simulator's from ``queued_ns``, the instant the simulated engine loop picked
+the request up (view ``queued``; the first schedule at or after its arrival, the arrival
+itself when the engine was idle). A bench result is timed at the client, so both sides are
+read from the send (view ``client``: the simulated deployment has the sweep's default front
+end between client and engine, ``engine.frontend``).
 """
 
 from __future__ import annotations
@@ -256,7 +269,7 @@ def run_validation(
     instance's source). ``reference_dp`` prices DP rounds as the reference does (see
     ``analysis.scenario.build_reference_cluster``) instead of as vLLM runs them."""
     path = Path(truth)
-    if path.is_file():
+    if path.is_file() or path.suffix == ".json":
         if reference_dp:
             raise ConfigError("--reference-dp applies to a ground-truth folder's cluster config, "
                               "not to a vllm bench serve result")

@@ -306,9 +306,14 @@ def match_workload(bench: BenchResult, workload: Sequence[RequestSpec],
     if len(workload) < len(reqs):
         raise ConfigError(f"{where}: {len(workload)} requests but {bench.path} has "
                           f"{len(reqs)}; give the workload the benchmark sent")
+    # The readers number requests by file line (request_id "<i>"); they may be sorted by
+    # arrival, so look line i up by its number.
+    by_line = {int(r.request_id): r for r in workload if str(r.request_id).isdigit()}
+    if len(by_line) != len(workload):
+        by_line = dict(enumerate(workload))
     out = []
     for row in reqs.itertuples(index=False):
-        spec = workload[row.request_index]
+        spec = by_line[row.request_index]
         if spec.prompt_len != row.prompt_len:
             raise ConfigError(
                 f"{where}: request {row.request_index} has {spec.prompt_len} prompt tokens but "

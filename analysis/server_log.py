@@ -213,6 +213,11 @@ def check_against(log: ServerLog, settings: ServerSettings) -> list[str]:
             f"{flag} {ours!r}; paste the command of the server that wrote this log"
         )
 
+    model = log.non_default.get("model")
+    if model is not None and model != settings.args.model:
+        raise ConfigError(f"{log.where('non_default')}: the server log served model {model!r} but "
+                          f"--server-args serves {settings.args.model!r}; paste the command of "
+                          "the server that wrote this log")
     for key in _COMPARED:
         if key not in log.non_default:
             continue

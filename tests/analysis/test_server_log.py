@@ -70,6 +70,8 @@ def test_v0_block_line_and_override(tmp_path: Path) -> None:
      r"serve\.log:3: the server log has max_model_len=262144 but --server-args gives "
      r"--max-model-len 32768"),
     (COMMAND + " --no-enable-prefix-caching", r"enable_prefix_caching=True"),
+    (COMMAND.replace(MOE, "mistralai/Mixtral-8x7B-v0.1"),
+     r"serve\.log:2: the server log served model 'Qwen/Qwen3-30B-A3B-Instruct-2507'"),
 ])
 def test_a_log_of_another_server_is_an_error_naming_both(tmp_path: Path, command: str,
                                                          message: str) -> None:

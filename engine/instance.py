@@ -18,6 +18,16 @@ time), and completes after ``latency.iteration_ns``.
 Data parallelism (vLLM DP): the members of a group step together; an idle member runs a dummy
 batch, the batches are padded as ``dp_pad`` says, and the group's step lasts as long as its
 slowest member.
+
+Steady decode spans: while nothing can change the schedule (no request reaches the engine, none
+finishes, is in prefill or waits, the free blocks serve every block boundary crossed), the
+steps are identical pure-decode batches. :meth:`EngineUnit.poll` then runs them in bulk
+(:meth:`engine.scheduler.Scheduler.decode_span` for the requests and the KV cache, the step
+latencies at once when the latency model offers ``decode_steps_ns``), with the same result as
+step by step: one :class:`StepLog` entry and one token-log time per step, the same KV calls in
+the same order. The caller bounds the span with ``horizon_ns``, the earliest time anything
+outside the unit may reach or read it; without it (or with ``fast_forward`` off, or a DP
+group, pipeline parallelism, lower KV tiers, a P/D decode queue) every step is simulated.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.batch import LatencyModel
+from engine.batch import BatchShape, LatencyModel
 from engine.deployment import DpPad
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
@@ -72,6 +82,10 @@ class Member:
 
 class EngineUnit:
     """Drives one engine core (``len(members) == 1``) or one DP group in lock-step."""
+
+    # Steady decode spans in bulk (see the module docstring); False simulates every step (the
+    # reference the fast-forward tests compare against).
+    fast_forward = True
 
     def __init__(
         self,
@@ -166,11 +180,13 @@ class EngineUnit:
                     self.on_finished(m, req, end)
             self._record(m, step, end)
 
-    def poll(self, t: int) -> int | None:
+    def poll(self, t: int, horizon_ns: int | None = None) -> int | None:
         """Do everything this engine does at time ``t`` and return when it next needs
         attention (the end of the in-flight step it waits for), or None when it is idle.
 
-        Call it when an idle engine receives work, and at the time it returned."""
+        Call it when an idle engine receives work, and at the time it returned.
+        ``horizon_ns``: no request, KV hand-off or reader reaches this unit before that time,
+        so steady decode steps scheduled before it may run in bulk (None: step by step)."""
         if self.waiting_for is not None:
             if t < self.waiting_for:
                 return self.waiting_for
@@ -178,7 +194,21 @@ class EngineUnit:
             self._complete_oldest()
         members = self.members
         inflight = self.inflight
+        span_ok = (
+            horizon_ns is not None
+            and self.fast_forward
+            and len(members) == 1
+            and self.pp == 1
+            and members[0].scheduler.kv.tiers is None
+        )
         while True:
+            if span_ok and t < horizon_ns and not members[0].arrived_kv:  # type: ignore[operator]
+                done = self._decode_span(t, horizon_ns)  # type: ignore[arg-type]
+                if done is not None:
+                    t, full = done
+                    if full:  # the span's last operation was a schedule: wait for a step
+                        self.waiting_for = inflight[0][1]
+                        return self.waiting_for
             if self._can_schedule():
                 for m in members:
                     if m.arrived_kv:
@@ -203,6 +233,86 @@ class EngineUnit:
                 continue
             return None
 
+    def _decode_span(self, t: int, horizon: int) -> tuple[int, bool] | None:
+        """Run the steady decode span starting at ``t`` (see the module docstring), bounded by
+        ``horizon``. Returns (the time reached, whether its last operation was a schedule), or
+        None when no span starts here. The operations are those of the polls at the span's
+        step boundaries T_0 = t < T_1 < ... < horizon: at T_i the oldest step completes (i >= 1)
+        and the next is scheduled."""
+        m = self.members[0]
+        sched = m.scheduler
+        inflight = self.inflight
+        span = sched.steady_decode([s[0][0] for s in inflight])
+        if span is None:
+            return None
+        lat = m.latency
+        shape = span.shape
+        # times[i] = T_i, the poll at which S_i (and C_i, i >= 1) happen, while before the
+        # horizon; ends[i] / gpus[i]: S_i's end and when the GPU is free after it.
+        times = [t]
+        ends: list[int] = []
+        gpus: list[int] = []
+        queue = [e for _, e in inflight]  # in-flight step ends, oldest first
+        gpu = self.gpu_free_at
+        durs: list[int] = []
+        last = span.max_completions  # S_0 .. S_last and C_1 .. C_last at most
+        chunk = 8
+        i = 0
+        while True:
+            if i == len(durs):
+                durs.extend(_decode_latencies(lat, shape, i, min(chunk, last + 1 - i)))
+                chunk *= 2
+            it = durs[i]
+            start = times[i] if times[i] > gpu else gpu
+            gpu = start + it + self._overhead(it)
+            ends.append(gpu)  # pp = 1: the step ends when the GPU is free again
+            gpus.append(gpu)
+            queue.append(gpu)
+            nxt = queue.pop(0)  # C_{i+1}: the oldest step in flight completes
+            if i == last or nxt >= horizon:
+                break
+            times.append(nxt)
+            i += 1
+        ops, free_after = sched.decode_span(span, times)
+        if ops == 0:
+            return None
+        n_s = (ops + 1) // 2  # schedules S_0 .. S_{n_s - 1}
+        n_c = ops // 2  # completions C_1 .. C_{n_c}
+        self.gpu_free_at = gpus[n_s - 1]
+        m.num_steps += n_s
+        # Completed steps are only logged (as _complete_oldest / _record would log them).
+        reqs = sched.running
+        nreq = len(reqs)
+        log = m.log
+        tlog = sched.token_log.times
+        usable = sched.kv.pool.num_blocks - 1
+        waiting = len(sched.waiting) + len(m.arrived_kv)
+        for c in range(1, n_c + 1):
+            tc = times[c]
+            tlog.append(tc)
+            log.end_ns.append(tc)
+            log.running.append(nreq)
+            log.waiting.append(waiting)
+            log.usage.append(1.0 - free_after[c - 1] / usable)  # after S_0 .. S_{c-1}
+            log.prompt_tokens.append(0)
+            log.gen_tokens.append(nreq)
+        # Still in flight: the steps before the span and the span's schedules, less the n_c
+        # oldest (completed).
+        slots: list[tuple[list[ScheduledStep], int] | int] = [*inflight, *range(n_s)]
+        inflight.clear()
+        for entry in slots[n_c:]:
+            if isinstance(entry, int):
+                step = ScheduledStep(
+                    reqs=list(reqs),
+                    num_tokens=[1] * nreq,
+                    samples=[True] * nreq,
+                    shape=_advanced(shape, entry),
+                    total_tokens=nreq,
+                )
+                entry = ([step], ends[entry])
+            inflight.append(entry)
+        return times[n_c], ops % 2 == 1
+
     def _can_schedule(self) -> bool:
         return any(m.scheduler.has_requests() or m.arrived_kv for m in self.members)
 
@@ -213,3 +323,23 @@ class EngineUnit:
             if m.arrived_kv:
                 return m, m.arrived_kv[0]
         return None
+
+
+def _advanced(shape: BatchShape, i: int) -> BatchShape:
+    """``shape`` with every decode ``i`` tokens further (step ``i`` of a decode span)."""
+    if i == 0:
+        return shape
+    return shape._replace(
+        decode_kv_sum=shape.decode_kv_sum + i * shape.num_decode,
+        decode_kv_min=shape.decode_kv_min + i,
+        decode_kv_max=shape.decode_kv_max + i,
+    )
+
+
+def _decode_latencies(lat: LatencyModel, shape: BatchShape, first: int, k: int) -> list[int]:
+    """Iteration ns of steps ``first .. first + k - 1`` of a decode span from ``shape``: the
+    model's ``decode_steps_ns`` when it has one (the same integers), else one call per step."""
+    bulk = getattr(lat, "decode_steps_ns", None)
+    if bulk is not None:
+        return bulk(_advanced(shape, first), k)
+    return [int(lat.iteration_ns(_advanced(shape, first + i))) for i in range(k)]

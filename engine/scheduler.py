@@ -11,6 +11,10 @@ placeholder so the next step can be scheduled before this one's token is known.
 With lower KV tiers (:mod:`engine.kv_tiers`) an admission's NPU prefix hit is extended by
 the tiers' hit (vLLM connector semantics); the recall time is added to the step's
 ``extra_ns``.
+
+:meth:`Scheduler.decode_span` is an exact shortcut for runs of identical pure-decode steps
+(no admission, no finish, no preemption): the same KV calls in the same order as
+step-by-step scheduling, each request's counters advanced once. ``engine.instance`` drives it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,16 @@ from dataclasses import dataclass, field
 from engine.batch import BatchShape
 from engine.kv_cache import KVCacheManager
 from engine.request import FINISHED, PREEMPTED, RUNNING, Request, TokenLog
+
+
+@dataclass(slots=True)
+class DecodeSpan:
+    """A run of identical pure-decode steps as :meth:`Scheduler.decode_span` sees it: the
+    first step's batch shape (step ``i`` has every decode ``i`` tokens further) and how many
+    completions the requests allow before one of them finishes or is skipped."""
+
+    shape: BatchShape
+    max_completions: int  # completions allowed (the span's schedules allow one fewer in async)
 
 
 @dataclass(slots=True)
@@ -251,6 +265,183 @@ class Scheduler:
         if reqs:
             step.shape = BatchShape(total, len(reqs), pc, kp, nd, dsum, dmin, dmax)
         return step
+
+    # -- steady decode spans ---------------------------------------------------------------
+    def steady_decode(self, inflight: list[ScheduledStep]) -> DecodeSpan | None:
+        """The span that starts here if the next steps are identical pure decodes, else None.
+
+        Called where the engine loop would call :meth:`schedule` next, with the steps it has in
+        flight (async: the one step scheduled before this one; sync: none). Steady means:
+        nothing waiting or unqueued, every running request one decode token behind (sync:
+        ``num_computed_tokens == num_tokens - 1``; async: ``== num_tokens`` with one output
+        placeholder, and the step in flight is exactly the running requests, each decoding),
+        every request's token run contiguous, and the token budget covering one token each.
+        """
+        if self.waiting or self._unqueued or self.one_token_in_flight:
+            return None
+        running = self.running
+        n = len(running)
+        if n == 0 or n > self.token_budget:
+            return None
+        nxt = self.token_log.base + len(self.token_log.times)  # the next completion's number
+        if self.async_scheduling:
+            if len(inflight) != 1:
+                return None
+            prev = inflight[0]
+            if prev.prompt_tokens or prev.reqs != running or not all(prev.samples):
+                return None
+            lag, ph = 0, 1
+        else:
+            if inflight:
+                return None
+            lag, ph = 1, 0
+        for r in running:
+            if (
+                r.num_output_placeholders != ph
+                or r.num_tokens - r.num_computed_tokens != lag
+                or r.tok_next != nxt
+            ):
+                return None
+        max_len = self.max_model_len
+        limit = min(
+            (r.finish_at if r.finish_at < max_len else max_len) - r.num_tokens for r in running
+        ) - 1
+        if limit < 1:
+            return None
+        computed = [r.num_computed_tokens for r in running]
+        return DecodeSpan(
+            BatchShape(n, n, 0, 0, n, sum(computed), min(computed), max(computed)), limit
+        )
+
+    def decode_span(self, span: DecodeSpan, times: list[int]) -> tuple[int, list[int]]:
+        """Run the steady span ``span`` (from :meth:`steady_decode`) as step-by-step would:
+        schedules S_0, S_1, ... and completions C_1, C_2, ... alternating (S_0, C_1, S_1, C_2,
+        ...), where ``times[i]`` is when C_i and S_i happen (``times[0]``: now). It stops
+        before the first operation that ``times`` does not cover, the requests' limit forbids,
+        or the free blocks cannot serve (a schedule that would preempt).
+
+        Returns (operations done, free blocks after each schedule). Each request's KV calls
+        (``allocate_slots`` on a schedule, ``cache_blocks`` on an async completion) are made at
+        the same operation, in the same request order, with the request's counters as
+        step-by-step has them then; its counters are advanced once at the end and its token
+        run extended. The caller appends the completions' times to :attr:`token_log` and
+        builds the step objects (all steps are the running requests, one token each)."""
+        running = self.running
+        kv = self.kv
+        pool = kv.pool
+        async_ = self.async_scheduling
+        cache_async = async_ and kv.enable_caching
+        n_ops_max = 2 * len(times) - 1  # S_0 .. S_{len-1} and C_1 .. C_{len-1}
+        lim_c = span.max_completions
+        lim_s = lim_c - 1 if async_ else lim_c
+        c0 = [r.num_computed_tokens for r in running]
+        nt0 = [r.num_tokens for r in running]
+        # Next operation index at which each request's KV thresholds may be reached: a
+        # schedule S_i is operation 2i, a completion C_i operation 2i - 1. Entries are
+        # rechecked exactly when due (a stale or early entry costs one compare).
+        due: dict[int, list[int]] = {}
+        next_s = []
+        next_u = []
+        far = n_ops_max + 1
+        for pos, r in enumerate(running):
+            i = r.kv_check_at - c0[pos] - 1  # first schedule with after >= kv_check_at
+            op = 2 * i if i > 0 else 0
+            next_s.append(op)
+            if op < far:
+                due.setdefault(op, []).append(pos)
+            if cache_async:
+                q = r.kv_cache_at - nt0[pos] + 1  # first completion with upto >= kv_cache_at
+                op = 2 * q - 1 if q > 1 else 1
+                next_u.append(op)
+                if op < far:
+                    due.setdefault(op, []).append(pos)
+        free_after: list[int] = []
+        op = 0
+        while op < n_ops_max:
+            i = (op + 1) // 2
+            todo = due.pop(op, None)
+            if op % 2 == 0:  # S_i
+                if i > lim_s:
+                    break
+                if todo:
+                    todo = sorted(set(p for p in todo if next_s[p] == op))
+                    need = 0
+                    for p in todo:
+                        if c0[p] + i + 1 > running[p].kv_slots:
+                            need += 1
+                    if need > pool.num_free:
+                        break  # this schedule would preempt: leave it to schedule()
+                    for p in todo:
+                        r = running[p]
+                        after = c0[p] + i + 1
+                        nt = nt0[p] + i
+                        if after >= r.kv_check_at and (
+                            after > r.kv_slots or (after if after < nt else nt) >= r.kv_cache_at
+                        ):
+                            r.num_computed_tokens = c0[p] + i
+                            r.num_tokens = nt
+                            if not kv.allocate_slots(r, 1):
+                                raise AssertionError("decode span: allocation failed after check")
+                        self._reschedule(p, r, op, c0[p], nt0[p], next_s, next_u, due, far,
+                                         cache_async)
+                free_after.append(pool.num_free)
+            else:  # C_i
+                if i > lim_c:
+                    break
+                if todo:
+                    for p in sorted(set(p for p in todo if next_u[p] == op)):
+                        r = running[p]
+                        upto = nt0[p] + i - 1 if async_ else nt0[p] + i
+                        # upto = min(computed - placeholders, num_tokens) after this output
+                        if upto >= r.kv_cache_at:
+                            r.num_computed_tokens = c0[p] + i
+                            r.num_tokens = nt0[p] + i
+                            kv.cache_blocks(r, upto)
+                        self._reschedule(p, r, op, c0[p], nt0[p], next_s, next_u, due, far,
+                                         cache_async)
+            op += 1
+        done_s = (op + 1) // 2  # schedules done
+        done_c = op // 2  # completions done
+        for pos, r in enumerate(running):
+            r.num_computed_tokens = c0[pos] + done_s
+            r.num_tokens = nt0[pos] + done_c
+            r.tok_next += done_c
+        if async_:
+            ph = 1 + done_s - done_c
+            for r in running:
+                r.num_output_placeholders = ph
+        return op, free_after
+
+    @staticmethod
+    def _reschedule(
+        p: int,
+        r: Request,
+        op: int,
+        c0: int,
+        nt0: int,
+        next_s: list[int],
+        next_u: list[int],
+        due: dict[int, list[int]],
+        far: int,
+        cache_async: bool,
+    ) -> None:
+        """After request ``p``'s KV thresholds may have moved at operation ``op``, file its
+        next schedule and completion checks (each strictly after ``op``)."""
+        i = r.kv_check_at - c0 - 1
+        s = 2 * i
+        if s <= op:
+            s = op + 1 + (op + 1) % 2  # the next schedule after op
+        next_s[p] = s
+        if s < far:
+            due.setdefault(s, []).append(p)
+        if cache_async:
+            q = r.kv_cache_at - nt0 + 1
+            u = 2 * q - 1
+            if u <= op:
+                u = op + 1 + op % 2  # the next completion after op
+            next_u[p] = u
+            if u < far:
+                due.setdefault(u, []).append(p)
 
     # -- outputs -------------------------------------------------------------------------
     def update_from_output(self, step: ScheduledStep, now_ns: int) -> list[Request]:

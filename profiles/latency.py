@@ -38,8 +38,11 @@ Data-parallel padding (as the reference): give the padded ``total_tokens`` (dens
 and ``num_seqs`` (lm_head / sampler rows, including dummy decodes), but only the real decodes in
 ``num_decode`` and ``decode_kv_*`` (attention never sees padding).
 
-Every result is memoised: whole steps per :class:`BatchShape`, and underneath the token-keyed
-part per total_tokens, the sequence-keyed part per num_seqs and each 4-D attention lookup.
+The parts are memoised: the token-keyed part per total_tokens, the sequence-keyed part per
+num_seqs, the MoE part per token count and each 4-D attention lookup (whole steps are not: a
+step's decode KV sum changes every step, so such a memo never hits).
+:meth:`ProfiledLatencyModel.decode_steps_ns` prices a run of pure-decode steps at once
+(numpy over the steps), returning the same integers as one :meth:`iteration_ns` call per step.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from __future__ import annotations
 import logging
 import math
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -220,6 +223,58 @@ class _AttentionLookup:
             v = self._memo[key] = self._blend(pc, kp, nd, kv)
         return v
 
+    def decode_kv_fn(self, nd: int) -> Callable[[int], int]:
+        """``kv -> self(0, 0, nd, kv)`` for a pure-decode batch of ``nd`` decodes: the same
+        blend in the same float operations, with every part that does not depend on the decode
+        KV (the pc, nd and kp brackets, the corner slices) looked up once."""
+        tab = self.table
+        lo, hi, t = locate(tab.pc_axis, 0)
+        f0 = self._at_pc_fn(tab.pc_axis[lo], nd)
+        if lo == hi:
+            return lambda kv: max(int(f0(kv)), 1)
+        f1 = self._at_pc_fn(tab.pc_axis[hi], nd)
+
+        def blend(kv: int) -> int:
+            v0 = f0(kv)
+            return max(int(v0 + t * (f1(kv) - v0)), 1)
+
+        return blend
+
+    def _at_pc_fn(self, p: int, nd: int) -> Callable[[int], float]:
+        nd_axis = self.table.nd_by_pc[p] if self.ragged_nd else self.table.nd_axis
+        lo, hi, t = locate(nd_axis, nd)
+        c0 = self._corner_fn(p, nd_axis[lo])
+        if lo == hi:
+            return c0
+        c1 = self._corner_fn(p, nd_axis[hi])
+
+        def at_pc(kv: int) -> float:
+            v0 = c0(kv)
+            return v0 + t * (c1(kv) - v0)
+
+        return at_pc
+
+    def _corner_fn(self, p: int, n: int) -> Callable[[int], float]:
+        pair: tuple[int, int] | None = (p, n)
+        if pair not in self.table.slices:
+            pair = self._nearest_pair(p, n)
+            if pair is None:
+                return lambda kv: 0.0
+        sl = self.table.slices[pair]
+        lo, hi, t = locate(sl.kp, 0)
+        r0 = sl.rows[lo]
+        x0, y0 = r0.xs, r0.ys
+        if lo == hi:
+            return lambda kv: interp1d(x0, y0, kv)
+        r1 = sl.rows[hi]
+        x1, y1 = r1.xs, r1.ys
+
+        def slice_value(kv: int) -> float:
+            v0 = interp1d(x0, y0, kv)
+            return v0 + t * (interp1d(x1, y1, kv) - v0)
+
+        return slice_value
+
     def _blend(self, pc: int, kp: int, nd: int, kv: int) -> int:
         tab = self.table
         lo, hi, t = locate(tab.pc_axis, pc)
@@ -322,7 +377,6 @@ class ProfiledLatencyModel:
         self._tok_cache: dict[int, int] = {}
         self._moe_cache: dict[int, int] = {}
         self._seq_cache: dict[int, int] = {}
-        self._cache: dict[BatchShape, int] = {}
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -460,19 +514,69 @@ class ProfiledLatencyModel:
     # ------------------------------------------------------------------------------ public API
 
     def iteration_ns(self, shape: BatchShape) -> int:
-        """Wall time of one step of this batch on one GPU, integer ns (memoised on the shape)."""
-        v = self._cache.get(shape)
-        if v is None:
-            v = self._compute(shape)
-            if len(self._cache) >= _MAX_CACHE:
-                self._cache.clear()
-            self._cache[shape] = v
-        return v
-
-    def _compute(self, shape: BatchShape) -> int:
+        """Wall time of one step of this batch on one GPU, integer ns."""
         return (self._token_part(shape.total_tokens) + self._seq_part(shape.num_seqs)
                 + self.model.num_layers * (self.attention_ns(shape) + self.moe_ns(shape))
                 + self.host_io_ns(shape))
+
+    def decode_steps_ns(self, shape: BatchShape, k: int) -> list[int]:
+        """:meth:`iteration_ns` of ``k`` consecutive steps of the same decodes: step ``i``
+        (0-based) is ``shape`` with every decode ``i`` tokens further (``decode_kv_sum +
+        i * num_decode``, ``decode_kv_min + i``, ``decode_kv_max + i``). The same integers as
+        ``k`` scalar calls; what does not change along the run (the token, sequence, MoE and
+        host parts, the attention brackets other than the decode KV, the skew rate) is looked
+        up once. ``shape`` must have no prefill part."""
+        if shape.prefill_tokens or shape.prefill_kv:
+            raise ValueError("decode_steps_ns: the shape has a prefill part")
+        nd = shape.num_decode
+        L = self.model.num_layers
+        fixed = (self._token_part(shape.total_tokens) + self._seq_part(shape.num_seqs)
+                 + self.host_io_ns(shape) + L * self.moe_ns(shape))
+        if nd == 0:
+            return [fixed] * k
+        attn = self._attention.decode_kv_fn(nd)
+        kv_mean = shape.decode_kv_sum // nd  # (sum + i*nd) // nd == sum // nd + i
+        kv_max = shape.decode_kv_max
+        if nd <= 1 or kv_max == kv_mean:  # no skew correction anywhere along the run
+            return [fixed + L * attn(kv_mean + i) for i in range(k)]
+        alpha_of = self._span_alpha_fn(shape)
+        out = []
+        for i in range(k):
+            t_mean = attn(kv_mean + i)
+            a = alpha_of(i)
+            v = t_mean
+            if a != 0:
+                t_max = attn(kv_max + i)
+                if t_max > t_mean:
+                    v = max(round(t_mean + a * (t_max - t_mean)), 1)
+            out.append(fixed + L * v)
+        return out
+
+    def _span_alpha_fn(self, shape: BatchShape) -> Callable[[int], float]:
+        """``i -> skew_alpha(step i of a decode run from shape)``: along the run the skew rate
+        is constant and only the ``kv_big`` bucket of ``decode_kv_max + i`` moves."""
+        entry = self._skew_entry
+        if entry is None:
+            fallback = self._alpha_fallback
+            return lambda i: fallback
+        bins, labels = entry.axes.bins["kv_big"], entry.axes.labels["kv_big"]
+        by_label: dict[str, float] = {}
+
+        def alpha(i: int) -> float:
+            lab = bucket_label(shape.decode_kv_max + i, bins, labels)
+            a = by_label.get(lab)
+            if a is None:
+                a = by_label[lab] = self.skew_alpha(self._advanced(shape, i))
+            return a
+
+        return alpha
+
+    @staticmethod
+    def _advanced(shape: BatchShape, i: int) -> BatchShape:
+        """``shape`` with every decode ``i`` tokens further."""
+        return shape._replace(decode_kv_sum=shape.decode_kv_sum + i * shape.num_decode,
+                              decode_kv_min=shape.decode_kv_min + i,
+                              decode_kv_max=shape.decode_kv_max + i)
 
     def breakdown(self, shape: BatchShape) -> dict[str, int]:
         """Nanoseconds per row name over the whole step (all layers), plus ``host_io``.
@@ -498,13 +602,8 @@ class ProfiledLatencyModel:
         (``engine.batch.LatencyModel``)."""
         return self.iteration_ns(shape)
 
-    def cache_info(self) -> int:
-        """Number of memoised shapes."""
-        return len(self._cache)
-
     def clear_cache(self) -> None:
-        """Forget every memoised value (shapes, per-token / MoE / per-sequence parts, attention)."""
-        self._cache.clear()
+        """Forget every memoised value (per-token / MoE / per-sequence parts, attention)."""
         self._tok_cache.clear()
         self._moe_cache.clear()
         self._seq_cache.clear()

@@ -112,14 +112,14 @@ class Watch:
         poll, update = EngineUnit.poll, Scheduler.update_from_output
         watch = self
 
-        def checked_poll(unit: EngineUnit, t: int):
+        def checked_poll(unit: EngineUnit, t: int, horizon_ns: int | None = None):
             for m in unit.members:
                 watch.members[id(m)] = m
                 watch.roles[id(m.scheduler)] = m.role
             prev = watch.last_t.get(id(unit))
             assert prev is None or t >= prev, f"clock went back: {prev} -> {t}"
             watch.last_t[id(unit)] = t
-            out = poll(unit, t)
+            out = poll(unit, t, horizon_ns)
             assert out is None or out >= t
             watch.polls += 1
             for m in unit.members:

@@ -174,10 +174,11 @@ def test_memoisation(tmp_path: Path) -> None:
     m = make_model(tmp_path)
     s = shape([(8, 0)], [20])
     first = m.iteration_ns(s)
-    assert m.cache_info() == 1
-    assert m.iteration_ns(s) == first and m.cache_info() == 1
+    memo = m._attention._memo  # the 4-D attention lookups are memoised (whole steps are not)
+    assert len(memo) == 1
+    assert m.iteration_ns(s) == first and len(memo) == 1
     m.clear_cache()
-    assert m.iteration_ns(s) == first
+    assert not memo and m.iteration_ns(s) == first
 
 
 # ---------------------------------------------------------------------------------- attention
@@ -381,7 +382,8 @@ def test_any_batch_prices_positive_and_consistent(tmp_path_factory, pc, kp, deco
     v = m.iteration_ns(s)
     assert isinstance(v, int) and v >= 1
     assert sum(m.breakdown(s).values()) == v
-    assert m._compute(s) == v
+    m.clear_cache()  # the memoised parts agree with a fresh computation
+    assert m.iteration_ns(s) == v
 
 
 _PROP_MODEL: ProfiledLatencyModel | None = None

@@ -1,0 +1,181 @@
+"""Steady decode spans run in bulk (``EngineUnit.fast_forward``) give exactly the step-by-step
+result.
+
+Each example draws a topology and the scheduler options as the stress test does (one
+instance, several behind a router, P/D, a DP group, pipeline parallelism; async or sync,
+chunked prefill, prefix caching, a CPU tier, preemption-heavy tiny KV caches), a latency model
+whose step time depends on the decode KV, and a host overhead, and runs the same workload
+twice: with the shortcut off (every step scheduled, executed and processed) and on. Everything
+must be equal: the per-request frame (token times to the nanosecond, preemptions, prefix
+hits), the time series, every member's step log entry by entry, the token logs, the prefix
+and tier statistics, and each block pool's final ledger (free-queue order, block hashes).
+A second test does the same on the measured RTX PRO 6000 / Llama-3.1-8B bundle (whose
+``decode_steps_ns`` prices the spans) and checks that spans did run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import EngineConfig, RequestSpec
+from engine.batch import BatchShape
+from engine.deployment import InstanceSpec
+from engine.instance import EngineUnit
+from engine.memory import kv_capacity
+from engine.scheduler import Scheduler
+from engine.simulate import simulate_cluster
+from tests.engine.test_stress import BS, HW, MODEL, build, scenarios, workload
+
+# The module (``engine.simulate`` the attribute is the function of the same name).
+simulate_mod = importlib.import_module("engine.simulate")
+
+
+class KvLatency:
+    """1 ms + 10 us per token + a decode-KV term (so a span's steps differ in length)."""
+
+    def __init__(self, pp: int = 1) -> None:
+        self.pp = pp
+
+    def iteration_ns(self, shape: BatchShape) -> int:
+        kv = shape.decode_kv_sum // shape.num_decode if shape.num_decode else 0
+        return 1_000_000 + 10_000 * shape.total_tokens + 37 * kv + 11 * shape.decode_kv_max
+
+    def stage_ns(self, shape: BatchShape) -> int:
+        return self.iteration_ns(shape) // self.pp
+
+
+def _run(instances, reqs, kwargs, fast: bool, monkeypatch):
+    """simulate_cluster with the shortcut on or off; also returns the engine units."""
+    units = []
+    real = simulate_mod.run_cluster
+
+    def capture(us, *a, **kw):
+        units.extend(us)
+        return real(us, *a, **kw)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(EngineUnit, "fast_forward", fast)
+        mp.setattr(simulate_mod, "run_cluster", capture)
+        result = simulate_cluster(instances, reqs, **kwargs)
+    return result, units
+
+
+def _assert_same(a, b, ua, ub) -> None:
+    fa, fb = a.requests, b.requests
+    assert list(fa.columns) == list(fb.columns)
+    for col in fa.columns:
+        if col == "token_times_ns":
+            for x, y, rid in zip(fa[col], fb[col], fa["request_id"], strict=True):
+                assert np.array_equal(x, y), rid
+        else:
+            assert fa[col].equals(fb[col]), col
+    assert a.timeseries.equals(b.timeseries)
+    for field in ("num_preemptions", "prefix_hit_tokens", "prefix_cache_queries",
+                  "prefix_cache_hits", "makespan_ns", "num_steps", "tier_stats"):
+        assert getattr(a, field) == getattr(b, field), field
+    for x, y in zip(ua, ub, strict=True):
+        assert x.gpu_free_at == y.gpu_free_at
+        for ma, mb in zip(x.members, y.members, strict=True):
+            for name in ma.log.__slots__:
+                assert getattr(ma.log, name) == getattr(mb.log, name), (ma.name, name)
+            assert ma.num_steps == mb.num_steps
+            sa, sb = ma.scheduler, mb.scheduler
+            assert list(sa.token_log.times) == list(sb.token_log.times)
+            pa, pb = sa.kv.pool, sb.kv.pool
+            assert pa.free_block_ids() == pb.free_block_ids(), ma.name
+            assert pa.block_hash == pb.block_hash and pa.ref_cnt == pb.ref_cnt
+            assert pa.num_evictions == pb.num_evictions
+
+
+SPANS = {"steps": 0}
+
+
+def _count_spans(monkeypatch) -> None:
+    real = Scheduler.decode_span
+
+    def counted(self, span, times):
+        ops, free = real(self, span, times)
+        SPANS["steps"] += (ops + 1) // 2
+        return ops, free
+
+    monkeypatch.setattr(Scheduler, "decode_span", counted)
+
+
+@st.composite
+def settings_(draw):
+    sc = draw(scenarios())
+    sc["overhead_us"] = draw(st.sampled_from([0.0, 0.0, 150.0]))
+    sc["hidden_ms"] = draw(st.sampled_from([0.0, 1.5]))
+    return sc
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(settings_())
+def test_decode_spans_equal_step_by_step(monkeypatch, sc):
+    rng = random.Random(sc["seed"])
+    max_len = rng.choice([512, 1024])
+    reqs = workload(rng, sc["num_requests"] // 2, max_len)
+    need = max(-(-(r.prompt_len + r.output_len) // BS) for r in reqs) + 1
+
+    def deployment():  # built per run: tier pools are stateful
+        instances, kwargs, _ = build(sc, max_len, need)
+        instances = [
+            replace(
+                s,
+                config=replace(s.config, step_overhead_us=sc["overhead_us"],
+                               step_overhead_hidden_ms=sc["hidden_ms"]),
+                latency=KvLatency(s.config.pipeline_parallel_size),
+            )
+            for s in instances
+        ]
+        return instances, kwargs
+
+    instances, kwargs = deployment()
+    slow, us = _run(instances, reqs, kwargs, False, monkeypatch)
+    _count_spans(monkeypatch)
+    instances, kwargs = deployment()
+    fast, uf = _run(instances, reqs, kwargs, True, monkeypatch)
+    _assert_same(slow, fast, us, uf)
+
+
+def test_decode_spans_ran_in_the_property_test():
+    """Not vacuous: the examples above did run steps in bulk."""
+    if not SPANS["steps"]:
+        pytest.skip("runs only after the property test in the same session")
+    assert SPANS["steps"] > 1000, SPANS
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("caching", [True, False])
+def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, async_scheduling,
+                                                  caching):
+    from profiles.bundle import load_bundle
+    from profiles.latency import ProfiledLatencyModel
+
+    bundle = load_bundle(shared_data / "llmservingsim" / "profiles", "RTXPRO6000", MODEL.name)
+    cfg = EngineConfig(async_scheduling=async_scheduling, enable_prefix_caching=caching,
+                       num_gpu_blocks_override=2500)
+    spec = InstanceSpec("a", MODEL, HW, cfg, ProfiledLatencyModel(bundle, MODEL, 1),
+                        kv_capacity(MODEL, HW, cfg))
+    rng = random.Random(7)
+    shared = tuple(range(5_000, 5_000 + 700))
+    reqs, t = [], 0
+    for i in range(300):
+        t += int(rng.expovariate(1.0) * 150_000_000)
+        tail = tuple(range(100_000 * (i + 1), 100_000 * (i + 1) + rng.randint(20, 900)))
+        prompt = (shared if i % 3 == 0 else ()) + tail
+        reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 400)))
+    slow, us = _run([spec], reqs, {}, False, monkeypatch)
+    SPANS["steps"] = 0
+    _count_spans(monkeypatch)
+    fast, uf = _run([spec], reqs, {}, True, monkeypatch)
+    _assert_same(slow, fast, us, uf)
+    assert SPANS["steps"] > slow.num_steps // 4, (SPANS, slow.num_steps)

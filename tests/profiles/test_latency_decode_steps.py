@@ -1,0 +1,74 @@
+"""``ProfiledLatencyModel.decode_steps_ns`` returns exactly the integers of one
+``iteration_ns`` call per step of a pure-decode run (the engine's decode spans rely on it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.batch import BatchShape
+from profiles.latency import ProfiledLatencyModel
+from tests.profiles.test_latency import SKEW, TINY, TINY_MOE, make_model
+
+
+@st.composite
+def decode_runs(draw, max_kv: int = 20_000):
+    nd = draw(st.integers(0, 300))
+    lo = draw(st.integers(0, max_kv))
+    hi = lo + draw(st.sampled_from([0, 1, 7, draw(st.integers(0, max_kv))])) if nd > 1 else lo
+    mid = draw(st.integers(lo, hi))
+    total = lo + hi + mid * (nd - 2) if nd >= 2 else lo * nd
+    shape = BatchShape(nd, nd, 0, 0, nd, total, lo if nd else 0, hi if nd else 0)
+    return shape, draw(st.integers(1, 120))
+
+
+def _scalar(model: ProfiledLatencyModel, shape: BatchShape, k: int) -> list[int]:
+    return [model.iteration_ns(model._advanced(shape, i)) for i in range(k)]
+
+
+def _check(model: ProfiledLatencyModel, shape: BatchShape, k: int) -> None:
+    bulk = model.decode_steps_ns(shape, k)
+    assert bulk == _scalar(model, shape, k)
+    assert all(type(v) is int for v in bulk)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> list[ProfiledLatencyModel]:
+    root: Path = tmp_path_factory.mktemp("bundles")
+    return [
+        make_model(root / "plain"),
+        make_model(root / "skew", skew=SKEW),
+        make_model(root / "fixed", skew=SKEW, reference_quirks=False),
+        make_model(root / "moe", TINY_MOE, skew=SKEW),
+        make_model(root / "nohost", TINY, host_mem_bw_gbs=None),
+    ]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=decode_runs(max_kv=400), which=st.integers(0, 4))
+def test_synthetic_bundles(models, run, which):
+    _check(models[which], *run)
+
+
+@pytest.fixture(scope="module")
+def measured(shared_data) -> ProfiledLatencyModel:
+    from profiles.bundle import load_bundle
+    from profiles.catalog import load_model
+
+    model = load_model("meta-llama/Llama-3.1-8B")
+    bundle = load_bundle(shared_data / "llmservingsim" / "profiles", "RTXPRO6000", model.name)
+    return ProfiledLatencyModel(bundle, model, 1)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=decode_runs())
+def test_measured_bundle(measured, run):
+    _check(measured, *run)
+
+
+def test_prefill_shapes_are_refused(models):
+    with pytest.raises(ValueError, match="prefill"):
+        models[0].decode_steps_ns(BatchShape(20, 2, 16, 0, 1, 5, 5, 5), 3)

@@ -1,15 +1,21 @@
 """Where capacity probes run: one probe = one simulated point checked against the SLO.
 
 ``run_probe`` is the unit of work (plain dicts in, plain dict out, so it crosses process
-boundaries); ``run_fleet_check`` simulates a sized fleet as one cluster. ``RayProbePool`` runs probes of many configurations at once on a pool of
-long-lived Ray actors (loaded profiles stay warm in each actor), accepting new probes while
-others run, which the launcher's batch-oriented ``ActorSet`` cannot; every wait on Ray has a
-timeout, an overdue probe kills and replaces its actor. ``LocalProbePool`` runs them one by
-one in this process (tests, ``capacity.pool.num_actors=0``).
+boundaries); ``run_fleet_check`` simulates a sized fleet as one cluster. ``RayProbePool`` runs
+probes of many configurations at once on a pool of long-lived Ray actors (loaded profiles stay
+warm in each actor), accepting new probes while others run, which the launcher's
+batch-oriented ``ActorSet`` cannot; every wait on Ray has a timeout, an overdue probe kills and
+replaces its actor. A probe goes to an idle worker that last ran its configuration when there
+is one (its bundle and latency model are warm there), so each worker sees few configurations;
+a worker whose memory grew past ``max_worker_rss_mib`` (the profiles and latency models of
+every configuration it ran stay cached in it) is replaced after its probe, so a study over
+many configurations keeps each worker bounded. ``LocalProbePool`` runs them one by one in
+this process (tests, ``capacity.pool.num_actors=0``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -19,6 +25,27 @@ from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+MAX_WORKER_RSS_MIB = 450.0  # a probe worker above this after a probe is replaced
+_RSS_KEY = "_worker_rss_mib"  # what a worker adds to a probe's result; the pool removes it
+
+
+def rss_mib() -> float:
+    """This process's resident memory (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        pages = int(open("/proc/self/statm").read().split()[1])  # noqa: SIM115
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def configuration_key(method: str, args: tuple[Any, ...]) -> str:
+    """What a worker keeps warm for a job: the point without its workload (a probe of
+    another rate reuses the configuration's bundle and latency model)."""
+    point = args[0] if args and isinstance(args[0], dict) else {}
+    return json.dumps({k: v for k, v in point.items() if k != "workload"}, sort_keys=True,
+                      default=str)
+
 
 def run_probe(point: dict[str, Any]) -> dict[str, Any]:
     """Simulate ``point`` (a resolved sweep config as plain data, its ``slo`` the study's)
@@ -88,10 +115,10 @@ class ProbeWorker:
         return os.getpid()
 
     def run(self, point: dict[str, Any]) -> dict[str, Any]:
-        return run_probe(point)
+        return {**run_probe(point), _RSS_KEY: rss_mib()}
 
     def check(self, *args: Any) -> dict[str, Any]:
-        return run_fleet_check(*args)
+        return {**run_fleet_check(*args), _RSS_KEY: rss_mib()}
 
 
 class RayProbePool:
@@ -99,7 +126,8 @@ class RayProbePool:
     Ray unless ``address`` names a cluster (``auto`` or ``host:port``)."""
 
     def __init__(self, num_actors: int | None, probe_timeout_s: float = 600.0,
-                 address: str | None = "local", ready_timeout_s: float = 120.0) -> None:
+                 address: str | None = "local", ready_timeout_s: float = 120.0,
+                 max_worker_rss_mib: float = MAX_WORKER_RSS_MIB) -> None:
         import ray
 
         self._ray = ray
@@ -120,6 +148,9 @@ class RayProbePool:
         self._queue: deque[tuple[Any, str, tuple[Any, ...]]] = deque()
         self._running: dict[Any, tuple[Any, Any, float]] = {}  # ref -> key, actor, start
         self._done: deque[Done] = deque()
+        self.max_worker_rss_mib = max_worker_rss_mib
+        self._warm: dict[Any, str] = {}  # actor -> the configuration it last ran
+        self.recycled = 0
 
     def submit(self, key: Any, *args: Any, method: str = "run") -> None:
         """Queue ``method`` (``run``: a probe, ``check``: a fleet check) with ``args``."""
@@ -129,9 +160,25 @@ class RayProbePool:
     def _fill(self) -> None:
         while self._queue and self._idle:
             key, method, args = self._queue.popleft()
-            actor = self._idle.popleft()
+            conf = configuration_key(method, args)
+            actor = next((a for a in self._idle if self._warm.get(a) == conf), self._idle[0])
+            self._idle.remove(actor)
+            self._warm[actor] = conf
             ref = getattr(actor, method).remote(*args)
             self._running[ref] = (key, actor, time.monotonic())
+
+    def _finished(self, actor: Any, value: dict[str, Any]) -> dict[str, Any]:
+        """The probe's result without the worker's RSS; a worker past the budget is replaced."""
+        value = dict(value)
+        rss = float(value.pop(_RSS_KEY, 0.0))
+        if rss > self.max_worker_rss_mib:
+            log.info(f"probe worker at {rss:.0f} MiB (> {self.max_worker_rss_mib:g}): replaced")
+            self._ray.kill(actor)
+            self._replace(actor)
+            self.recycled += 1
+        else:
+            self._idle.append(actor)
+        return value
 
     def next_done(self) -> Done:
         """Block until a probe finishes (or times out) and return it."""
@@ -145,14 +192,15 @@ class RayProbePool:
             for ref in ready:
                 key, actor, _ = self._running.pop(ref)
                 try:
-                    self._done.append(Done(key, value=ray.get(ref, timeout=60)))
-                    self._idle.append(actor)
+                    value = ray.get(ref, timeout=60)
                 except RayActorError as err:
                     self._replace(actor)
                     self._done.append(Done(key, error=f"actor died while probing: {err}"))
                 except (RayTaskError, GetTimeoutError) as err:
                     self._idle.append(actor)
                     self._done.append(Done(key, error=f"{type(err).__name__}: {err}"))
+                else:
+                    self._done.append(Done(key, value=self._finished(actor, value)))
             now = time.monotonic()
             for ref, (key, actor, started) in list(self._running.items()):
                 if now - started > self.probe_timeout_s:
@@ -165,6 +213,7 @@ class RayProbePool:
 
     def _replace(self, dead: Any) -> None:
         self._actors.remove(dead)
+        self._warm.pop(dead, None)
         fresh = self._remote.remote()
         self._actors.append(fresh)
         self._idle.append(fresh)

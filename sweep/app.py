@@ -45,7 +45,9 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     """Simulate the point described by ``cfg`` (plus its time-series plot when
     ``tracking.plots``); record it too when not in a multirun. A single run checks the point
     first (``sweep.preflight``): an invalid or infeasible point exits non-zero with the
-    reason and no traceback; the infeasible one is recorded as such."""
+    reason and no traceback; the infeasible one is recorded as such. A single run logs the
+    point's key metrics as soon as it is simulated, then plots and records it (matplotlib and
+    MLflow are imported only then); it exits non-zero if the recording is incomplete."""
     from sweep.job import run_point
 
     hydra_cfg = HydraConfig.get()
@@ -65,6 +67,10 @@ def task(cfg: DictConfig) -> dict[str, Any]:
         result: dict[str, Any] = {"status": "infeasible", "reason": infeasible}
     else:
         result = run_point(cfg)
+        if single:  # the answer first; the plot, the files and MLflow follow
+            metrics = result["metrics"]
+            for key in SUMMARY_KEYS:
+                log.info(f"{key:>20}: {metrics.get(key, float('nan')):.4g}")
         if cfg.tracking.plots and result["timeseries"].get("t_s"):
             from sweep.plots import timeseries_png
 
@@ -84,9 +90,6 @@ def task(cfg: DictConfig) -> dict[str, Any]:
                              f"{out_dir}; nothing was simulated)")
         if problem:
             raise SystemExit(problem)
-        metrics = result["metrics"]
-        for key in SUMMARY_KEYS:
-            log.info(f"{key:>20}: {metrics.get(key, float('nan')):.4g}")
     return result
 
 

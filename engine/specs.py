@@ -21,6 +21,10 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # model's dtype) and the fp8 formats (one byte per element). fp8_inc (Intel Gaudi only) and
 # fp8_ds_mla (DeepSeek's MLA layout) are left out.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# How the KV capacity is computed (engine.memory.kv_capacity): "vllm" is vLLM 0.19's budget
+# (weights, profiling activation peak, non-torch memory; engine.kv_budget), "upper_bound" the
+# bound ``mem_size · gpu_memory_utilization − weights``.
+KV_CAPACITY_MODELS = ("vllm", "upper_bound")
 # EngineConfig fields that are the simulator's, not vLLM settings: the host-overhead
 # calibration (docs/validation.md) and free-form extras.
 SIMULATOR_FIELDS = ("step_overhead_us", "step_overhead_hidden_ms", "extra")
@@ -139,6 +143,7 @@ class EngineConfig:
     # MoE experts are split over this many ranks (vLLM: TP x DP when expert parallelism is on).
     expert_parallel_size: int = 1
     num_gpu_blocks_override: int | None = None
+    kv_capacity_model: str = "vllm"  # one of KV_CAPACITY_MODELS (the simulator's choice)
     async_scheduling: bool = True
     # Host-side work of one engine step that kernel-level profiles do not contain (input
     # preparation, launch gaps, output processing). Async scheduling hides it behind the GPU's
@@ -201,6 +206,11 @@ class EngineConfig:
             raise SettingError("num_gpu_blocks_override", n,
                                "null (the memory formula) or an integer >= 2 "
                                "(block 0 is vLLM's null block)")
+        if self.kv_capacity_model not in KV_CAPACITY_MODELS:
+            raise SettingError("kv_capacity_model", self.kv_capacity_model,
+                               f"one of {list(KV_CAPACITY_MODELS)}",
+                               "'vllm' is vLLM 0.19's budget, 'upper_bound' mem_size x "
+                               "gpu_memory_utilization - weights")
         for name, note in (("step_overhead_us", ""),
                            ("step_overhead_hidden_ms", " (0 = a constant per-step cost)")):
             value = getattr(self, name)

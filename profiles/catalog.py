@@ -19,15 +19,13 @@ from typing import Any
 
 import yaml
 
+from engine.memory import QK_NORM_MODEL_TYPES
 from engine.specs import ConfigError, HardwareSpec, ModelSpec
 
 CATALOG_DIR = Path(__file__).resolve().parent
 MODELS_DIR = CATALOG_DIR / "models"
 HARDWARE_DIR = CATALOG_DIR / "hardware"
 
-# vLLM pads the vocabulary of its parallel embedding / lm_head to a multiple of 64.
-# Architectures whose attention has per-head RMSNorms on q and k (head_dim weights each).
-QK_NORM_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe"})
 
 _SIMPLE_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 # Documentation-only keys allowed in catalog files besides the spec's own fields.

@@ -28,7 +28,8 @@ from typing import Any
 # 2: vLLM's prefix_hit_rate (hits / queried tokens), the SLO-met cost over a steady-state
 # window, the SLO verdict metrics: stored runs of version 1 hold other numbers.
 # 3: the client's view (cluster.frontend, metrics from the send time through the API server).
-HASH_VERSION = 3
+# 4: KV capacity is vLLM 0.19's budget by default (engine.kv_budget; cluster.kv_capacity_model).
+HASH_VERSION = 4
 # Config subtrees that do not change what a point simulates (``capacity`` configures the
 # capacity-search driver; it is present only when sweep.capacity extended the schema).
 NOT_HASHED = ("tracking", "study", "groundtruth", "capacity")

@@ -1,5 +1,6 @@
-"""KV capacity (``mem_size · gpu_memory_utilization − weights``) and clear errors for bad engine
-input."""
+"""KV capacity (vLLM 0.19's budget by default, the ``mem_size · gpu_memory_utilization −
+weights`` upper bound as the named alternative) and clear errors for bad engine input. The
+budget's terms against published runs are tests/engine/test_kv_budget.py."""
 
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ def _hw(gib: float) -> HardwareSpec:
     return HardwareSpec("card", gib, 1000.0, 100.0, 200.0)
 
 
+UPPER = EngineConfig(kv_capacity_model="upper_bound")
+
+
 @pytest.mark.parametrize(
     ("model", "gib", "tp", "util", "blocks"),
     [
-        # Independently computed vectors of the formula (docs/reference-semantics.md §9).
+        # Independently computed vectors of the upper-bound formula
+        # (docs/reference-semantics.md §9).
         ("meta-llama/Llama-3.1-8B", 24, 1, 0.9, 3400),
         ("meta-llama/Llama-3.1-8B", 24, 1, 0.833919, 2588),
         ("meta-llama/Llama-3.1-8B", 96, 1, 0.9, 36578),
@@ -29,12 +34,37 @@ def _hw(gib: float) -> HardwareSpec:
         ("meta-llama/Llama-3.1-70B", 80, 4, 0.9, 32066),
     ],
 )
-def test_capacity_formula(model: str, gib: float, tp: int, util: float, blocks: int) -> None:
-    cap = kv_capacity(
-        load_model(model), _hw(gib), EngineConfig(gpu_memory_utilization=util, tensor_parallel_size=tp)
-    )
+def test_upper_bound_formula(model: str, gib: float, tp: int, util: float, blocks: int) -> None:
+    cfg = replace(UPPER, gpu_memory_utilization=util, tensor_parallel_size=tp)
+    cap = kv_capacity(load_model(model), _hw(gib), cfg)
     assert cap.num_blocks == blocks
     assert cap.tokens == blocks * 16
+    # vLLM's budget subtracts the profiling peak and non-torch memory on top: always fewer
+    vllm = kv_capacity(load_model(model), _hw(gib), replace(cfg, kv_capacity_model="vllm"))
+    assert vllm.num_blocks < blocks
+
+
+@pytest.mark.parametrize(
+    ("model", "gib", "tp", "blocks"),
+    [
+        # (requested − params − rotary cache − activation peak − non-torch) // bytes per block
+        # for vLLM 0.19 at max_num_seqs 128 / 2048 batched tokens, by hand:
+        # Llama-3.1-8B: ceil(96 GiB·0.9) = 92,771,293,594 − 16,060,522,496 params −
+        #   33,554,432 rotary (131072·128·2) − 313,327,616 peak (sampler: 128·128,256·14
+        #   + Triton buffer 128·128,256·4 + hidden (2048+128)·4096·2) − 268,435,456 non-torch
+        #   = 76,095,453,594 // 2,097,152 (16·8·128·2·2·32) = 36,285.
+        # Qwen3-32B TP2: peak 372,342,784 (128·151,936·14 + 128·151,936·4 + 2176·5120·2),
+        #   non-torch 0.55 GiB per rank (multi-GPU).
+        ("meta-llama/Llama-3.1-8B", 96, 1, 36285),
+        ("Qwen/Qwen3-32B", 96, 2, 28150),
+    ],
+)
+def test_vllm_budget_default(model: str, gib: float, tp: int, blocks: int) -> None:
+    cap = kv_capacity(load_model(model), _hw(gib), EngineConfig(tensor_parallel_size=tp))
+    assert cap.num_blocks == blocks
+    b = cap.budget
+    assert cap.num_blocks == (b.requested - b.weights - b.activation_peak - b.non_torch) // (
+        cap.bytes_per_block)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +80,8 @@ def test_capacity_formula(model: str, gib: float, tp: int, util: float, blocks: 
 def test_capacity_with_pipeline_and_expert_parallel(
     model: str, tp: int, pp: int, ep: int, blocks: int
 ) -> None:
-    cfg = EngineConfig(tensor_parallel_size=tp, pipeline_parallel_size=pp, expert_parallel_size=ep)
+    cfg = replace(UPPER, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                  expert_parallel_size=ep)
     cap = kv_capacity(load_model(model), _hw(96), cfg)
     assert cap.num_blocks == blocks
     assert cap.tokens == blocks * 16
@@ -58,8 +89,8 @@ def test_capacity_with_pipeline_and_expert_parallel(
 
 def test_fp8_kv_doubles_blocks() -> None:
     m = load_model("meta-llama/Llama-3.1-8B")
-    bf16 = kv_capacity(m, _hw(96), EngineConfig())
-    fp8 = kv_capacity(m, _hw(96), EngineConfig(kv_cache_dtype="fp8"))
+    bf16 = kv_capacity(m, _hw(96), UPPER)
+    fp8 = kv_capacity(m, _hw(96), replace(UPPER, kv_cache_dtype="fp8"))
     assert fp8.bytes_per_block * 2 == bf16.bytes_per_block
     assert fp8.num_blocks in (2 * bf16.num_blocks, 2 * bf16.num_blocks + 1)
 
@@ -67,7 +98,7 @@ def test_fp8_kv_doubles_blocks() -> None:
 def test_override_replaces_formula_and_is_reported() -> None:
     m = load_model("meta-llama/Llama-3.1-8B")
     cap = kv_capacity(m, _hw(96), EngineConfig(num_gpu_blocks_override=500))
-    assert cap.num_blocks == 500 and cap.formula_num_blocks == 36578
+    assert cap.num_blocks == 500 and cap.formula_num_blocks == 36285
     assert "8000 tokens / 500 blocks" in cap.describe()
 
 

@@ -50,7 +50,6 @@ from analysis.metrics import (
 from analysis.scenario import reference_plan, resolve_model
 from analysis.server_args import read_server_args
 from analysis.server_log import check_against, read_server_log
-from engine.memory import kv_capacity
 from engine.results import SimulationResult
 from engine.simulate import simulate_cluster, simulate_deployment
 from engine.specs import GIB, ConfigError, EngineConfig, ModelSpec, SettingError
@@ -309,13 +308,15 @@ def run_validation(
             f" pp{c.pipeline_parallel_size} ep{c.expert_parallel_size}"
         )
         kv_lines.append(cap.describe(label))
-        if c.num_gpu_blocks_override is not None:
-            formula = kv_capacity(inst.model, inst.hardware, replace(c, num_gpu_blocks_override=None))
-            kv_lines.append(
-                f"  (vLLM recorded {cap.num_blocks} blocks; our formula gives "
-                f"{formula.num_blocks} blocks = {formula.tokens} tokens, "
-                f"{formula.num_blocks * formula.bytes_per_block / GIB:.2f} GiB/rank)"
-            )
+        # Both counts, always: what the run used (vLLM's recorded count when the ground truth
+        # has one) and what our capacity model predicts (engine.memory.kv_capacity).
+        used = "vLLM recorded" if c.num_gpu_blocks_override is not None else "our prediction"
+        kv_lines.append(
+            f"  (the run used {cap.num_blocks} blocks, {used}; our {c.kv_capacity_model} "
+            f"budget predicts {cap.formula_num_blocks} blocks = "
+            f"{cap.formula_num_blocks * cap.block_size} tokens, "
+            f"{cap.formula_num_blocks * cap.bytes_per_block / GIB:.2f} GiB/rank)"
+        )
     cap = result.kv_capacity
     truth_metrics = compute_metrics(setup.truth, view=setup.truth_view)
     table = compare(sim_metrics, truth_metrics, VALIDATION_METRICS)
@@ -343,6 +344,7 @@ def run_validation(
             "tokens": cap.tokens,
             "gib_per_rank": cap.gib_per_rank,
             "formula_num_blocks": cap.formula_num_blocks,
+            "capacity_model": first.kv_capacity_model,
         },
         "engine_config": {
             "max_num_seqs": first.max_num_seqs,

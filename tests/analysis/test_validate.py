@@ -34,7 +34,10 @@ def test_llama8b_matches_vllm_within_targets(shared_data: Path) -> None:
     assert r["mean_abs_diff_pct"] <= 1.5, run.table_text
     assert r["max_abs_diff_pct"] <= 5.0, run.table_text
     assert r["prefix_hit_tokens"] == 19520  # the reference simulator's count on this replay
-    assert r["kv_cache"]["num_blocks"] == 36578  # mem 96 GiB x 0.9 - weights, 16-token blocks
+    # vLLM 0.19's budget on the cluster config's 96 GiB at 0.9 (engine.kv_budget;
+    # tests/engine/test_memory.py derives 36,285 by hand)
+    assert r["kv_cache"]["num_blocks"] == 36285
+    assert r["kv_cache"]["formula_num_blocks"] == 36285
 
 
 def test_reference_clock_reproduces_reference_simulator_token_for_token(shared_data: Path) -> None:
@@ -102,6 +105,7 @@ def test_recorded_block_count_is_the_capacity(shared_data: Path, tmp_path: Path)
     run = validate_mod.run_validation(copy, workload, profiles)
     r = run.report
     assert r["kv_cache"]["num_blocks"] == 700
-    assert r["kv_cache"]["formula_num_blocks"] == 36578
+    assert r["kv_cache"]["formula_num_blocks"] == 36285
     assert r["preemptions"] > 0
-    assert any("vLLM recorded 700 blocks; our formula gives 36578" in line for line in run.kv_lines)
+    used = "the run used 700 blocks, vLLM recorded; our vllm budget predicts 36285 blocks"
+    assert any(used in line for line in run.kv_lines)

@@ -6,8 +6,8 @@ lists so the hot path touches no objects.
 
 Faithful points (cited from vLLM 0.19):
 - Block 0 is the null block: never on the free list, never allocated, excluded from usage.
-- The free queue is a doubly linked list, initially ``[1, 2, ..., N-1]``; allocation pops from
-  the head (least recently freed), frees append to the tail in the order given (callers pass
+- The free queue is a doubly linked list (an ``OrderedDict`` here), initially
+  ``[1, 2, ..., N-1]``; allocation pops from the head (least recently freed), frees append to the tail in the order given (callers pass
   a request's blocks tail-first).
 - Freed blocks keep their hash and stay hit-able until reallocated; eviction happens only as
   a side effect of allocation (``get_new_blocks``).
@@ -17,6 +17,8 @@ Faithful points (cited from vLLM 0.19):
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 
 class BlockPoolError(RuntimeError):
@@ -29,10 +31,7 @@ class BlockPool:
         "enable_caching",
         "ref_cnt",
         "block_hash",
-        "_prev",
-        "_next",
-        "_head",
-        "_tail",
+        "_free",
         "num_free",
         "cached",
         "num_evictions",
@@ -45,45 +44,19 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
-        # Sentinels live at indices num_blocks (head) and num_blocks + 1 (tail).
-        head, tail = num_blocks, num_blocks + 1
-        self._head, self._tail = head, tail
-        self._prev = [-1] * (num_blocks + 2)
-        self._next = [-1] * (num_blocks + 2)
-        order = [head, *range(1, num_blocks), tail]
-        for a, b in zip(order, order[1:], strict=False):
-            self._next[a] = b
-            self._prev[b] = a
+        # The free queue, head (next to allocate) first: an OrderedDict of block ids (values
+        # unused) is vLLM's doubly linked FreeKVCacheBlockQueue with O(1) pop at the head,
+        # append at the tail and removal from the middle, done in C.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
         self.num_free = num_blocks - 1
         # hash -> block ids carrying it, in insertion order (first one is returned on lookup).
         self.cached: dict[int, list[int]] = {}
         self.num_evictions = 0
 
     # -- free queue -------------------------------------------------------------------
-    def _unlink(self, b: int) -> None:
-        p, n = self._prev[b], self._next[b]
-        self._next[p] = n
-        self._prev[n] = p
-        self._prev[b] = self._next[b] = -1
-        self.num_free -= 1
-
-    def _append(self, b: int) -> None:
-        tail = self._tail
-        last = self._prev[tail]
-        self._next[last] = b
-        self._prev[b] = last
-        self._next[b] = tail
-        self._prev[tail] = b
-        self.num_free += 1
-
     def free_block_ids(self) -> list[int]:
         """The free queue from head (next to allocate) to tail. For tests and debugging."""
-        out = []
-        b = self._next[self._head]
-        while b != self._tail:
-            out.append(b)
-            b = self._next[b]
-        return out
+        return list(self._free)
 
     # -- prefix-cache index -----------------------------------------------------------
     def get_cached_block(self, h: int) -> int | None:
@@ -107,43 +80,38 @@ class BlockPool:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
-        nxt, prev = self._next, self._prev
+        pop = self._free.popitem
         ref, bh = self.ref_cnt, self.block_hash
-        head = self._head
-        out = []
-        b = nxt[head]
-        for _ in range(n):
+        out = [pop(False)[0] for _ in range(n)]
+        for b in out:
             if bh[b] is not None:
                 self._evict(b)
             ref[b] = 1
-            out.append(b)
-            following = nxt[b]
-            prev[b] = nxt[b] = -1
-            b = following
-        # The queue now starts at the first block not taken.
-        nxt[head] = b
-        prev[b] = head
         self.num_free -= n
         return out
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
         ref = self.ref_cnt
+        free = self._free
         for b in blocks:
             if ref[b] == 0:
-                self._unlink(b)
+                del free[b]
+                self.num_free -= 1
             ref[b] += 1
 
     def free_blocks(self, ordered: list[int]) -> None:
         """Drop one reference on each block; blocks reaching 0 go to the tail in this order."""
         ref = self.ref_cnt
+        free = self._free
         for b in ordered:
             r = ref[b] - 1
             if r < 0:
                 raise BlockPoolError(f"block {b} freed more often than it was referenced")
             ref[b] = r
             if r == 0:
-                self._append(b)
+                free[b] = None
+                self.num_free += 1
 
     def cache_full_blocks(
         self, blocks: list[int], block_hashes: list[int], num_cached: int, num_full: int

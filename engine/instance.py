@@ -109,6 +109,7 @@ class EngineUnit:
         self.gpu_free_at = 0
         self.num_finished = 0
         self.waiting_for: int | None = None
+        self._span_step_ns = 0  # the first step's latency in the last decode span
 
     # -- helpers ---------------------------------------------------------------------------
     def _admit_arrived_kv(self, m: Member) -> None:
@@ -256,7 +257,9 @@ class EngineUnit:
         gpu = self.gpu_free_at
         durs: list[int] = []
         last = span.max_completions  # S_0 .. S_last and C_1 .. C_last at most
-        chunk = 8
+        # Latencies are priced in chunks: first about as many steps as the last span's step
+        # length says fit before the horizon.
+        chunk = (horizon - t) // self._span_step_ns + 2 if self._span_step_ns else 8
         i = 0
         while True:
             if i == len(durs):
@@ -273,6 +276,7 @@ class EngineUnit:
                 break
             times.append(nxt)
             i += 1
+        self._span_step_ns = max(durs[0], 1)
         ops, free_after = sched.decode_span(span, times)
         if ops == 0:
             return None
@@ -329,11 +333,9 @@ def _advanced(shape: BatchShape, i: int) -> BatchShape:
     """``shape`` with every decode ``i`` tokens further (step ``i`` of a decode span)."""
     if i == 0:
         return shape
-    return shape._replace(
-        decode_kv_sum=shape.decode_kv_sum + i * shape.num_decode,
-        decode_kv_min=shape.decode_kv_min + i,
-        decode_kv_max=shape.decode_kv_max + i,
-    )
+    n = shape.num_decode
+    return BatchShape(shape.total_tokens, shape.num_seqs, 0, 0, n, shape.decode_kv_sum + i * n,
+                      shape.decode_kv_min + i, shape.decode_kv_max + i, shape.moe_tokens)
 
 
 def _decode_latencies(lat: LatencyModel, shape: BatchShape, first: int, k: int) -> list[int]:

@@ -29,12 +29,51 @@ from engine.request import FINISHED, PREEMPTED, RUNNING, Request, TokenLog
 
 @dataclass(slots=True)
 class DecodeSpan:
-    """A run of identical pure-decode steps as :meth:`Scheduler.decode_span` sees it: the
-    first step's batch shape (step ``i`` has every decode ``i`` tokens further) and how many
-    completions the requests allow before one of them finishes or is skipped."""
+    """A run of identical pure-decode steps as :meth:`Scheduler.steady_decode` found it: the
+    first step's batch shape (step ``i`` has every decode ``i`` tokens further), how many
+    completions the requests allow before one of them finishes or is skipped, and each
+    running request's start state and first KV checks (for :meth:`Scheduler.decode_span`)."""
 
     shape: BatchShape
-    max_completions: int  # completions allowed (the span's schedules allow one fewer in async)
+    max_completions: int
+    lag: int  # num_tokens - num_computed_tokens of every request (sync 1, async 0)
+    c0: list[int]  # num_computed_tokens of each running request, in order
+    next_s: list[int]  # per request: the operation of its next schedule-side KV check
+    next_u: list[int]  # per request: ... of its next completion-side check (async caching)
+    due: dict[int, list[int]]  # operation -> requests (positions) to check then
+
+
+def _refile(
+    p: int,
+    r: Request,
+    op: int,
+    c0: int,
+    nt0: int,
+    next_s: list[int],
+    next_u: list[int],
+    due: dict[int, list[int]],
+    cache_async: bool,
+) -> None:
+    """After request ``p``'s KV thresholds may have moved at operation ``op`` of a decode
+    span, file its next schedule-side and completion-side checks (each strictly after
+    ``op``; ``c0`` / ``nt0``: its counters at the span's start)."""
+    s = 2 * (r.kv_check_at - c0 - 1)
+    if s <= op:
+        s = op + 1 + (op + 1) % 2  # the next schedule after op
+    next_s[p] = s
+    if s in due:
+        due[s].append(p)
+    else:
+        due[s] = [p]
+    if cache_async:
+        u = 2 * (r.kv_cache_at - nt0 + 1) - 1
+        if u <= op:
+            u = op + 1 + op % 2  # the next completion after op
+        next_u[p] = u
+        if u in due:
+            due[u].append(p)
+        else:
+            due[u] = [p]
 
 
 @dataclass(slots=True)
@@ -276,6 +315,8 @@ class Scheduler:
         ``num_computed_tokens == num_tokens - 1``; async: ``== num_tokens`` with one output
         placeholder, and the step in flight is exactly the running requests, each decoding),
         every request's token run contiguous, and the token budget covering one token each.
+        The same pass files each request's first KV check of the span (see
+        :meth:`decode_span`).
         """
         if self.waiting or self._unqueued or self.one_token_in_flight:
             return None
@@ -284,7 +325,8 @@ class Scheduler:
         if n == 0 or n > self.token_budget:
             return None
         nxt = self.token_log.base + len(self.token_log.times)  # the next completion's number
-        if self.async_scheduling:
+        async_ = self.async_scheduling
+        if async_:
             if len(inflight) != 1:
                 return None
             prev = inflight[0]
@@ -295,37 +337,67 @@ class Scheduler:
             if inflight:
                 return None
             lag, ph = 1, 0
-        for r in running:
-            if (
-                r.num_output_placeholders != ph
-                or r.num_tokens - r.num_computed_tokens != lag
-                or r.tok_next != nxt
-            ):
-                return None
+        cache_async = async_ and self.kv.enable_caching
         max_len = self.max_model_len
-        limit = min(
-            (r.finish_at if r.finish_at < max_len else max_len) - r.num_tokens for r in running
-        ) - 1
-        if limit < 1:
+        limit = max_len
+        dsum = 0
+        dmin = dmax = running[0].num_computed_tokens
+        c0: list[int] = []
+        due: dict[int, list[int]] = {}
+        next_s: list[int] = []
+        next_u: list[int] = []
+        for pos, r in enumerate(running):
+            c = r.num_computed_tokens
+            nt = r.num_tokens
+            if r.num_output_placeholders != ph or nt - c != lag or r.tok_next != nxt:
+                return None
+            fa = r.finish_at
+            room = (fa if fa < max_len else max_len) - nt
+            if room < limit:
+                limit = room
+            dsum += c
+            if c < dmin:
+                dmin = c
+            elif c > dmax:
+                dmax = c
+            c0.append(c)
+            # Operations: a schedule S_i is number 2i, a completion C_i number 2i - 1.
+            i = r.kv_check_at - c - 1  # the first schedule with after >= kv_check_at
+            op = 2 * i if i > 0 else 0
+            next_s.append(op)
+            if op in due:
+                due[op].append(pos)
+            else:
+                due[op] = [pos]
+            if cache_async:
+                q = r.kv_cache_at - nt + 1  # the first completion with upto >= kv_cache_at
+                op = 2 * q - 1 if q > 1 else 1
+                next_u.append(op)
+                if op in due:
+                    due[op].append(pos)
+                else:
+                    due[op] = [pos]
+        if limit < 2:
             return None
-        computed = [r.num_computed_tokens for r in running]
-        return DecodeSpan(
-            BatchShape(n, n, 0, 0, n, sum(computed), min(computed), max(computed)), limit
-        )
+        return DecodeSpan(BatchShape(n, n, 0, 0, n, dsum, dmin, dmax), limit - 1, lag, c0,
+                          next_s, next_u, due)
 
     def decode_span(self, span: DecodeSpan, times: list[int]) -> tuple[int, list[int]]:
-        """Run the steady span ``span`` (from :meth:`steady_decode`) as step-by-step would:
-        schedules S_0, S_1, ... and completions C_1, C_2, ... alternating (S_0, C_1, S_1, C_2,
-        ...), where ``times[i]`` is when C_i and S_i happen (``times[0]``: now). It stops
-        before the first operation that ``times`` does not cover, the requests' limit forbids,
-        or the free blocks cannot serve (a schedule that would preempt).
+        """Run the steady span ``span`` (from :meth:`steady_decode`, nothing changed since) as
+        step-by-step would: schedules S_0, S_1, ... and completions C_1, C_2, ... alternating
+        (S_0, C_1, S_1, C_2, ...), where ``times[i]`` is when C_i and S_i happen
+        (``times[0]``: now). It stops before the first operation that ``times`` does not cover,
+        the requests' limit forbids, or the free blocks cannot serve (a schedule that would
+        preempt).
 
         Returns (operations done, free blocks after each schedule). Each request's KV calls
         (``allocate_slots`` on a schedule, ``cache_blocks`` on an async completion) are made at
         the same operation, in the same request order, with the request's counters as
-        step-by-step has them then; its counters are advanced once at the end and its token
-        run extended. The caller appends the completions' times to :attr:`token_log` and
-        builds the step objects (all steps are the running requests, one token each)."""
+        step-by-step has them then (a request is looked at only at the operations where its
+        KV thresholds may be reached: entries are filed per operation and rechecked when due);
+        its counters are advanced once at the end and its token run extended. The caller
+        appends the completions' times to :attr:`token_log` and builds the step objects (every
+        step is the running requests, one token each)."""
         running = self.running
         kv = self.kv
         pool = kv.pool
@@ -334,27 +406,8 @@ class Scheduler:
         n_ops_max = 2 * len(times) - 1  # S_0 .. S_{len-1} and C_1 .. C_{len-1}
         lim_c = span.max_completions
         lim_s = lim_c - 1 if async_ else lim_c
-        c0 = [r.num_computed_tokens for r in running]
-        nt0 = [r.num_tokens for r in running]
-        # Next operation index at which each request's KV thresholds may be reached: a
-        # schedule S_i is operation 2i, a completion C_i operation 2i - 1. Entries are
-        # rechecked exactly when due (a stale or early entry costs one compare).
-        due: dict[int, list[int]] = {}
-        next_s = []
-        next_u = []
-        far = n_ops_max + 1
-        for pos, r in enumerate(running):
-            i = r.kv_check_at - c0[pos] - 1  # first schedule with after >= kv_check_at
-            op = 2 * i if i > 0 else 0
-            next_s.append(op)
-            if op < far:
-                due.setdefault(op, []).append(pos)
-            if cache_async:
-                q = r.kv_cache_at - nt0[pos] + 1  # first completion with upto >= kv_cache_at
-                op = 2 * q - 1 if q > 1 else 1
-                next_u.append(op)
-                if op < far:
-                    due.setdefault(op, []).append(pos)
+        lag = span.lag
+        c0, next_s, next_u, due = span.c0, span.next_s, span.next_u, span.due
         free_after: list[int] = []
         op = 0
         while op < n_ops_max:
@@ -364,7 +417,7 @@ class Scheduler:
                 if i > lim_s:
                     break
                 if todo:
-                    todo = sorted(set(p for p in todo if next_s[p] == op))
+                    todo = sorted({p for p in todo if next_s[p] == op})
                     need = 0
                     for p in todo:
                         if c0[p] + i + 1 > running[p].kv_slots:
@@ -373,75 +426,45 @@ class Scheduler:
                         break  # this schedule would preempt: leave it to schedule()
                     for p in todo:
                         r = running[p]
-                        after = c0[p] + i + 1
-                        nt = nt0[p] + i
+                        c = c0[p]
+                        after = c + i + 1
+                        nt = c + lag + i
                         if after >= r.kv_check_at and (
                             after > r.kv_slots or (after if after < nt else nt) >= r.kv_cache_at
                         ):
-                            r.num_computed_tokens = c0[p] + i
+                            # The counters as step-by-step has them at S_i, for the call.
+                            r.num_computed_tokens = c + i
                             r.num_tokens = nt
                             if not kv.allocate_slots(r, 1):
                                 raise AssertionError("decode span: allocation failed after check")
-                        self._reschedule(p, r, op, c0[p], nt0[p], next_s, next_u, due, far,
-                                         cache_async)
+                            r.num_computed_tokens = c
+                            r.num_tokens = c + lag
+                        _refile(p, r, op, c, c + lag, next_s, next_u, due, cache_async)
                 free_after.append(pool.num_free)
             else:  # C_i
                 if i > lim_c:
                     break
                 if todo:
-                    for p in sorted(set(p for p in todo if next_u[p] == op)):
+                    for p in sorted({p for p in todo if next_u[p] == op}):
                         r = running[p]
-                        upto = nt0[p] + i - 1 if async_ else nt0[p] + i
+                        nt0 = c0[p]  # async: num_computed_tokens == num_tokens at the start
                         # upto = min(computed - placeholders, num_tokens) after this output
+                        upto = nt0 + i - 1
                         if upto >= r.kv_cache_at:
-                            r.num_computed_tokens = c0[p] + i
-                            r.num_tokens = nt0[p] + i
                             kv.cache_blocks(r, upto)
-                        self._reschedule(p, r, op, c0[p], nt0[p], next_s, next_u, due, far,
-                                         cache_async)
+                        _refile(p, r, op, c0[p], nt0, next_s, next_u, due, cache_async)
             op += 1
         done_s = (op + 1) // 2  # schedules done
         done_c = op // 2  # completions done
-        for pos, r in enumerate(running):
-            r.num_computed_tokens = c0[pos] + done_s
-            r.num_tokens = nt0[pos] + done_c
-            r.tok_next += done_c
-        if async_:
-            ph = 1 + done_s - done_c
+        if op:
             for r in running:
-                r.num_output_placeholders = ph
+                r.num_computed_tokens += done_s
+                r.num_tokens += done_c
+                r.tok_next += done_c
+            if async_ and done_s != done_c:
+                for r in running:
+                    r.num_output_placeholders += done_s - done_c
         return op, free_after
-
-    @staticmethod
-    def _reschedule(
-        p: int,
-        r: Request,
-        op: int,
-        c0: int,
-        nt0: int,
-        next_s: list[int],
-        next_u: list[int],
-        due: dict[int, list[int]],
-        far: int,
-        cache_async: bool,
-    ) -> None:
-        """After request ``p``'s KV thresholds may have moved at operation ``op``, file its
-        next schedule and completion checks (each strictly after ``op``)."""
-        i = r.kv_check_at - c0 - 1
-        s = 2 * i
-        if s <= op:
-            s = op + 1 + (op + 1) % 2  # the next schedule after op
-        next_s[p] = s
-        if s < far:
-            due.setdefault(s, []).append(p)
-        if cache_async:
-            q = r.kv_cache_at - nt0 + 1
-            u = 2 * q - 1
-            if u <= op:
-                u = op + 1 + op % 2  # the next completion after op
-            next_u[p] = u
-            if u < far:
-                due.setdefault(u, []).append(p)
 
     # -- outputs -------------------------------------------------------------------------
     def update_from_output(self, step: ScheduledStep, now_ns: int) -> list[Request]:

@@ -181,13 +181,14 @@ def _slice_value(table: AttentionTable, pair: tuple[int, int], kp: int, kv: int)
 class _AttentionLookup:
     """The 4-D attention blend over one :class:`AttentionTable` (with memoised corner fallbacks)."""
 
-    __slots__ = ("table", "ragged_nd", "_nearest", "_memo")
+    __slots__ = ("table", "ragged_nd", "_nearest", "_memo", "_decode_fns")
 
     def __init__(self, table: AttentionTable, ragged_nd: bool) -> None:
         self.table = table
         self.ragged_nd = ragged_nd
         self._nearest: dict[tuple[int, int], tuple[int, int] | None] = {}
         self._memo: dict[tuple[int, int, int, int], int] = {}
+        self._decode_fns: dict[int, Callable[[int], int]] = {}
 
     def _nearest_pair(self, p: int, n: int) -> tuple[int, int] | None:
         key = (p, n)
@@ -226,7 +227,13 @@ class _AttentionLookup:
     def decode_kv_fn(self, nd: int) -> Callable[[int], int]:
         """``kv -> self(0, 0, nd, kv)`` for a pure-decode batch of ``nd`` decodes: the same
         blend in the same float operations, with every part that does not depend on the decode
-        KV (the pc, nd and kp brackets, the corner slices) looked up once."""
+        KV (the pc, nd and kp brackets, the corner slices) looked up once (memoised per nd)."""
+        fn = self._decode_fns.get(nd)
+        if fn is None:
+            fn = self._decode_fns[nd] = self._decode_fn(nd)
+        return fn
+
+    def _decode_fn(self, nd: int) -> Callable[[int], int]:
         tab = self.table
         lo, hi, t = locate(tab.pc_axis, 0)
         f0 = self._at_pc_fn(tab.pc_axis[lo], nd)
@@ -608,3 +615,4 @@ class ProfiledLatencyModel:
         self._moe_cache.clear()
         self._seq_cache.clear()
         self._attention._memo.clear()
+        self._attention._decode_fns.clear()

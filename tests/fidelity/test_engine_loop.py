@@ -66,6 +66,9 @@ def _on_ticks(specs: list[RequestSpec]) -> list[RequestSpec]:
 def _engine_loop(cfg: SchedConfig, specs: list[RequestSpec]) -> list[Decision]:
     sched = RecordingScheduler(cfg.new_kv(), **cfg.scheduler_kwargs())
     unit = EngineUnit([Member("i0", sched, ConstantLatency())])
+    # Every decision through schedule(), where it is recorded: steady decode spans run in bulk
+    # bypass it, and tests/engine/test_fast_forward.py shows they decide exactly the same.
+    unit.fast_forward = False
     reqs = [
         Request(s, i, cfg.block_size, cfg.enable_prefix_caching) for i, s in enumerate(specs)
     ]

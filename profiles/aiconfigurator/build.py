@@ -26,8 +26,10 @@ the latency model use it unchanged. Per table (docs/aiconfigurator.md gives the 
   spent beyond streaming its own (compute, routing, activations).
 - **Everything aiconfigurator has no vLLM table for** (embedding, norms, rotary, activation,
   sampler): the roofline model's rows, exactly as a roofline bundle has them.
-- **Skew**: not derivable (every aiconfigurator decode row has one KV length for the whole
-  batch), so ``skew_fit`` is disabled (alpha = 0), as in a roofline bundle.
+- **Skew** (``tp<N>/skew_fit.csv``): every aiconfigurator decode row has one KV length for
+  the whole batch, so the alpha of a batch whose decodes differ is derived from how the
+  FlashAttention kernel spreads (request, head, split) CTAs over the GPU's SMs, with tile
+  costs solved on the system's own uniform decode table (:mod:`profiles.aiconfigurator.skew`).
 
 ``meta.yaml`` records the source of every layer (table file, kernel lane, vLLM version) and
 ``source: aiconfigurator <version> <system>``, the label sweeps and validation report.
@@ -53,6 +55,13 @@ import pandas as pd
 import yaml
 
 from engine.specs import ConfigError, HardwareSpec, ModelSpec
+from profiles.aiconfigurator.skew import (
+    KERNEL_LIMITS,
+    SKEW_FACTOR,
+    KernelGrid,
+    cost_from_uniform,
+    derive_skew_table,
+)
 from profiles.aiconfigurator.tables import (
     PINNED_VERSION,
     AiconfiguratorError,
@@ -67,7 +76,7 @@ from profiles.aiconfigurator.tables import (
     systems_dir,
 )
 from profiles.architecture import load_architecture
-from profiles.bundle import clear_bundle_cache
+from profiles.bundle import DEFAULT_BUCKET_AXES, clear_bundle_cache
 from profiles.roofline.cost import (
     Precision,
     RankShape,
@@ -88,7 +97,7 @@ from profiles.roofline.grid import (
     per_sequence_counts,
 )
 
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 GENERATOR = "servesweep.profiles.aiconfigurator"
 
 # GEMM layers of the dense / per-sequence tables: (n, k) of the rank's weight.
@@ -132,6 +141,7 @@ class _Builder:
         self.arch = load_architecture(model.model_type)
         self.gemm = gemm_table(system, _weights(variant))
         self.sources: dict[str, str] = {}
+        self.skew_entries: dict[int, dict[str, object]] = {}
 
     def _rel(self, path: Path) -> str:
         return str(path.relative_to(self.system.data_dir.parent.parent))
@@ -219,6 +229,28 @@ class _Builder:
         df["time_us"] = time_us
         return df
 
+    def skew(self, tp: int) -> tuple[pd.DataFrame, dict[str, object]]:
+        """The derived alpha bucket table of ``tp`` and its ``skew_fit.per_tp`` entry."""
+        s = RankShape.of(self.model, tp)
+        tabs = self._attention(tp)
+        grid = KernelGrid.of(self.system.name, s.heads, s.kv_heads, s.head_dim)
+        steps = [int(k) for k in tabs.decode_steps if k <= 16384]
+        cost = cost_from_uniform(grid, tabs.decode_us, [1, 2, 4, 8, 16, 32, 64, 128, 256], steps)
+        table, default, samples = derive_skew_table(grid, cost)
+        entry: dict[str, object] = {
+            "method": "derived: FlashAttention CTA list scheduling (profiles.aiconfigurator.skew)",
+            "n_samples": len(samples),
+            "alpha_default": round(default, 4),
+            "bucket_table": f"tp{tp}/skew_fit.csv",
+            "kernel": {"sms": grid.sms, "slots": grid.slots, "block_n": grid.block_n,
+                       "heads": grid.heads, "kv_heads": grid.kv_heads},
+            "tile_cost": {"c_us": round(cost.c, 4), "rho": cost.rho,
+                          "uniform_rows": cost.rows,
+                          "from": self.sources.get("attention", "").split(" + ")[-1]},
+            "design_skew_factor": SKEW_FACTOR,
+        }
+        return table, entry
+
     # ---------------------------------------------------------------- MoE
 
     def moe(self) -> pd.DataFrame:
@@ -264,6 +296,10 @@ def _write_tp_dir(dest: Path, b: _Builder, tp: int) -> None:
         _write_csv(b.attention(tp), tmp / "attention.csv")
         if b.model.is_moe and tp == 1:
             _write_csv(b.moe(), tmp / "moe.csv")
+        if b.system.name in KERNEL_LIMITS:
+            table, entry = b.skew(tp)
+            table.to_csv(tmp / "skew_fit.csv", index=False)
+            b.skew_entries[tp] = entry
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -287,7 +323,19 @@ def _present_tps(vdir: Path) -> list[int]:
     return sorted(int(p.name[2:]) for p in vdir.glob("tp*") if p.is_dir() and p.name[2:].isdigit())
 
 
-def _meta(b: _Builder, tps: list[int], key: str) -> dict[str, object]:
+def _skew_block(b: _Builder, tps: list[int], previous: dict | None) -> dict[str, object]:
+    """``skew_fit`` of meta.yaml: this build's per-TP entries plus those of TPs built before
+    (a ``tp<N>/`` added later keeps the others)."""
+    old = ((previous or {}).get("skew_fit") or {}).get("per_tp") or {}
+    per_tp = {tp: b.skew_entries.get(tp, old.get(tp)) for tp in tps}
+    per_tp = {tp: e for tp, e in per_tp.items() if e}
+    if not per_tp:
+        return {"enabled": False}
+    return {"enabled": True, "bucket_axes": DEFAULT_BUCKET_AXES, "per_tp": per_tp}
+
+
+def _meta(b: _Builder, tps: list[int], key: str,
+          previous: dict | None = None) -> dict[str, object]:
     sysspec = b.system
     return {
         "generator": GENERATOR,
@@ -317,7 +365,7 @@ def _meta(b: _Builder, tps: list[int], key: str) -> dict[str, object]:
             "cache_key": key,
         },
         "roofline": {"factors_sha256": b.factors.digest(), "hardware_spec": asdict(b.hw)},
-        "skew_fit": {"enabled": False},
+        "skew_fit": _skew_block(b, tps, previous),
     }
 
 
@@ -362,7 +410,9 @@ def _complete(vdir: Path, tp: int, model: ModelSpec) -> bool:
 def _generate(vdir: Path, b: _Builder, tp: int, key: str) -> None:
     for n in sorted({1, tp}):
         _write_tp_dir(vdir / f"tp{n}", b, n)
-    _write_meta(vdir, _meta(b, _present_tps(vdir), key))
+    meta_path = vdir / "meta.yaml"
+    previous = yaml.safe_load(meta_path.read_text()) if meta_path.is_file() else None
+    _write_meta(vdir, _meta(b, _present_tps(vdir), key, previous))
     clear_bundle_cache()  # the loader memoises per directory; a tp<N>/ may have been added
 
 

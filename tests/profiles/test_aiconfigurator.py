@@ -151,7 +151,13 @@ def test_bundle_layout_loads_and_names_its_source(llama_tp2):
     assert "gemm_perf.parquet" in layers["qkv_proj"] and "gemm_perf.parquet" in layers["lm_head"]
     assert "vllm_flash_attn_fa2" in layers["attention"]
     assert layers["layernorm"].startswith("roofline") and layers["sampler"].startswith("roofline")
-    assert meta["skew_fit"] == {"enabled": False}
+    skew = meta["skew_fit"]
+    assert skew["enabled"] and sorted(skew["per_tp"]) == [1, 2]
+    for tp in (1, 2):
+        entry = skew["per_tp"][tp]
+        assert entry["method"].startswith("derived") and entry["kernel"]["sms"] == 188
+        assert bundle.skew_fit.per_tp[tp].table  # the bucket table loads
+        assert 0 <= entry["alpha_default"] <= 1
     att = pd.read_csv(llama_tp2 / "tp2" / "attention.csv")
     assert (att[KEYS].to_numpy() == attention_keys(GridSpec())).all()
 
@@ -244,16 +250,16 @@ def test_every_system_builds_dense_and_moe_bundles(hardware, cache):
 @pytest.mark.slow
 @pytest.mark.groundtruth
 def test_validate_with_aiconfigurator_profiles(shared_data):
-    """``validate --profiles aiconfigurator`` on the Llama-3.1-8B run meets the 3 % target
-    (measured bundles: 0.97). The two Qwen runs miss it (4.0 and 8.3, docs/aiconfigurator.md:
-    the skew of mixed KV lengths is not in aiconfigurator's tables); their bounds here guard
-    against regressions only."""
+    """``validate --profiles aiconfigurator`` on the Llama-3.1-8B and Qwen3-32B runs meets the
+    3 % target (derived skew fit: 1.02 and 2.92; measured bundles 0.97 / 0.98). The MoE run
+    misses it (5.08, docs/aiconfigurator.md: the derived pure-decode alphas are below the
+    measured ones); its bound guards against regressions only."""
     from analysis.validate import AICONFIGURATOR, run_validation
 
     data = shared_data / "llmservingsim"
     gt_root = data / "groundtruth" / "RTXPRO6000"
-    runs = (("Llama-3.1-8B", "llama-3.1-8b", 3.0), ("Qwen3-32B", "qwen3-32b", 4.5),
-            ("Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b", 9.0))
+    runs = (("Llama-3.1-8B", "llama-3.1-8b", 3.0), ("Qwen3-32B", "qwen3-32b", 3.0),
+            ("Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b", 5.5))
     for run, stem, bound in runs:
         report = run_validation(gt_root / run, data / "workloads" / f"sharegpt-{stem}-300-sps10.jsonl",
                                 AICONFIGURATOR).report

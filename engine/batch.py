@@ -28,7 +28,12 @@ class BatchShape(NamedTuple):
 
 class LatencyModel(Protocol):
     """Prices one engine step: every method the engine calls. Implemented by ``profiles``
-    (measured or roofline bundles, with collectives: ``profiles.parallel.latency``)."""
+    (measured or roofline bundles, with collectives: ``profiles.parallel.latency``).
+
+    A model may also offer ``decode_steps_ns(shape, k) -> list[int]``: :meth:`iteration_ns`
+    of ``k`` consecutive pure-decode steps from ``shape`` (step ``i`` with every decode ``i``
+    tokens further), the same integers as ``k`` calls; ``engine.instance`` uses it for steady
+    decode spans and otherwise calls :meth:`iteration_ns` per step."""
 
     def iteration_ns(self, shape: BatchShape) -> int:
         """Wall time of one forward step of this batch through every pipeline stage: when its

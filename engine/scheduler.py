@@ -43,12 +43,23 @@ class DecodeSpan:
     due: dict[int, list[int]]  # operation -> requests (positions) to check then
 
 
+def _first_kv_schedule(r: Request, c0: int, async_: bool) -> int:
+    """The first schedule S_i of a decode span (``c0``: the request's computed tokens at its
+    start) at which :meth:`Scheduler.schedule` calls ``allocate_slots`` for ``r``: ``after =
+    c0 + i + 1`` reaches ``kv_check_at`` and passes the slots held, or the tokens reached
+    (sync ``after``, async ``after - 1``) fill the first uncached block."""
+    if async_:  # after >= min(kv_slots, kv_cache_at) + 1
+        s, c = r.kv_slots, r.kv_cache_at
+        return (s if s < c else c) - c0
+    return r.kv_check_at - c0 - 1
+
+
 def _refile(
     p: int,
     r: Request,
     op: int,
     c0: int,
-    nt0: int,
+    lag: int,
     next_s: list[int],
     next_u: list[int],
     due: dict[int, list[int]],
@@ -56,8 +67,9 @@ def _refile(
 ) -> None:
     """After request ``p``'s KV thresholds may have moved at operation ``op`` of a decode
     span, file its next schedule-side and completion-side checks (each strictly after
-    ``op``; ``c0`` / ``nt0``: its counters at the span's start)."""
-    s = 2 * (r.kv_check_at - c0 - 1)
+    ``op``; ``c0``: its computed tokens at the span's start, ``lag``: num_tokens minus
+    computed tokens then, 0 in async)."""
+    s = 2 * _first_kv_schedule(r, c0, lag == 0)
     if s <= op:
         s = op + 1 + (op + 1) % 2  # the next schedule after op
     next_s[p] = s
@@ -66,7 +78,7 @@ def _refile(
     else:
         due[s] = [p]
     if cache_async:
-        u = 2 * (r.kv_cache_at - nt0 + 1) - 1
+        u = 2 * (r.kv_cache_at - c0 - lag + 1) - 1
         if u <= op:
             u = op + 1 + op % 2  # the next completion after op
         next_u[p] = u
@@ -362,7 +374,7 @@ class Scheduler:
                 dmax = c
             c0.append(c)
             # Operations: a schedule S_i is number 2i, a completion C_i number 2i - 1.
-            i = r.kv_check_at - c - 1  # the first schedule with after >= kv_check_at
+            i = _first_kv_schedule(r, c, async_)
             op = 2 * i if i > 0 else 0
             next_s.append(op)
             if op in due:
@@ -439,7 +451,7 @@ class Scheduler:
                                 raise AssertionError("decode span: allocation failed after check")
                             r.num_computed_tokens = c
                             r.num_tokens = c + lag
-                        _refile(p, r, op, c, c + lag, next_s, next_u, due, cache_async)
+                        _refile(p, r, op, c, lag, next_s, next_u, due, cache_async)
                 free_after.append(pool.num_free)
             else:  # C_i
                 if i > lim_c:
@@ -452,7 +464,7 @@ class Scheduler:
                         upto = nt0 + i - 1
                         if upto >= r.kv_cache_at:
                             kv.cache_blocks(r, upto)
-                        _refile(p, r, op, c0[p], nt0, next_s, next_u, due, cache_async)
+                        _refile(p, r, op, c0[p], 0, next_s, next_u, due, cache_async)
             op += 1
         done_s = (op + 1) // 2  # schedules done
         done_c = op // 2  # completions done

@@ -97,7 +97,7 @@ from profiles.roofline.grid import (
     per_sequence_counts,
 )
 
-GENERATOR_VERSION = 3
+GENERATOR_VERSION = 6
 GENERATOR = "servesweep.profiles.aiconfigurator"
 
 # GEMM layers of the dense / per-sequence tables: (n, k) of the rank's weight.
@@ -235,7 +235,11 @@ class _Builder:
         tabs = self._attention(tp)
         grid = KernelGrid.of(self.system.name, s.heads, s.kv_heads, s.head_dim)
         steps = [int(k) for k in tabs.decode_steps if k <= 16384]
-        cost = cost_from_uniform(grid, tabs.decode_us, [1, 2, 4, 8, 16, 32, 64, 128, 256], steps)
+        longest = [int(k) for k in tabs.prefill.keys if k >= 4096] or [int(tabs.prefill.keys[-1])]
+        dram_tile_us = (grid.slots * grid.tile_bytes(s.head_dim, self.precision.kv_bytes)
+                        / self.system.effective_bw * 1e6)
+        cost = cost_from_uniform(grid, tabs.prefill_us, tabs.decode_us, longest,
+                                 [1, 2, 4, 8, 16, 32, 64, 128, 256], steps, dram_tile_us)
         table, default, samples = derive_skew_table(grid, cost)
         entry: dict[str, object] = {
             "method": "derived: FlashAttention CTA list scheduling (profiles.aiconfigurator.skew)",
@@ -244,9 +248,11 @@ class _Builder:
             "bucket_table": f"tp{tp}/skew_fit.csv",
             "kernel": {"sms": grid.sms, "slots": grid.slots, "block_n": grid.block_n,
                        "heads": grid.heads, "kv_heads": grid.kv_heads},
-            "tile_cost": {"c_us": round(cost.c, 4), "rho": cost.rho,
-                          "uniform_rows": cost.rows,
-                          "from": self.sources.get("attention", "").split(" + ")[-1]},
+            "tile_cost": {"decode_c_us": round(cost.c, 4),
+                          "dram_tile_us": round(dram_tile_us, 4),
+                          "compute_c_us": round(cost.c_compute, 4), "rho": round(cost.rho, 4),
+                          "decode_rows": cost.rows, "prefill_lengths": longest,
+                          "from": self.sources.get("attention", "").split("; ")[0]},
             "design_skew_factor": SKEW_FACTOR,
         }
         return table, entry

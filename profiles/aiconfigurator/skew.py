@@ -22,15 +22,16 @@ kernel, ``flash_fwd_launch_template.h``, tile ``kBlockM = 64`` queries x ``kBloc
   tile walks its causal prefix of history + chunk; the empty tiles of the decodes cost the
   same whether the decodes are skewed or not, so they drop out of alpha.
 
-A CTA costs ``c x (KV tiles it walks)``; CTAs are dispatched in ``blockIdx`` order to the
+A CTA costs what it walks: KV tiles in a mixed call, keys in a memory-bound pure decode; CTAs are dispatched in ``blockIdx`` order to the
 first free slot of ``SMs x (CTAs resident per SM)`` (list scheduling, simulated exactly;
 memory-bound pure-decode CTAs stream faster while few run, :class:`CtaCost`). With
 many waves the work balances (alpha near 0, the mean is right); with fewer CTAs than slots
-the longest request is the critical path (alpha near 1). The tile costs come from the system's
-own uniform decode table (least squares of the same makespan model over its rows), the slot
-count from the GPU (:data:`KERNEL_LIMITS`). alpha of one batch is
-``(T(skewed) - T(all at the mean)) / (T(all at the max) - T(all at the mean))`` in the model's
-own units, so the uniform tables' absolute times never enter it; the bucket table is the
+the longest request is the critical path (alpha near 1). The tile costs come from the
+system's own uniform tables (:class:`CtaCost`), the slot count from the GPU
+(:data:`KERNEL_LIMITS`). alpha of one batch is ``(T(skewed) - T(all at the mean)) /
+(T(all at the max) - T(all at the mean))`` in the model's own times (the uniform tables'
+launch cost cancels; the derived attention table supplies t_mean and t_max); the bucket
+table is the
 weighted least-squares alpha per bucket over a design of two-level batches (a share of the
 requests at 4x the KV of the rest), the layout the measured bundles' skew profiles use.
 
@@ -95,6 +96,10 @@ class KernelGrid:
         per_sm = max(1, min(_MAX_CTAS_PER_SM, smem_kib * 1024 // smem))
         return cls(sms=sms, slots=sms * per_sm, heads=heads, kv_heads=kv_heads, block_n=block_n)
 
+    def tile_bytes(self, head_dim: int, kv_bytes: float) -> float:
+        """K and V bytes of one KV tile of one KV head."""
+        return 2 * self.block_n * head_dim * kv_bytes
+
     def tiles(self, kv: int) -> int:
         """KV tiles a decode with ``kv`` cached tokens walks (its key length is kv + 1)."""
         return -(-(kv + 1) // self.block_n)
@@ -121,28 +126,30 @@ def num_splits(batch_heads_mblocks: int, sms: int, n_blocks: int) -> int:
     return 1
 
 
-def cta_tiles(g: KernelGrid, kvs: Sequence[int], pc: int = 0, kp: int = 0) -> list[int]:
-    """KV tiles of every non-empty CTA of one attention call, in dispatch (``blockIdx``) order:
-    the decodes ``kvs`` (batch order) and, when ``pc > 0``, one prefill chunk of ``pc`` tokens
-    after ``kp`` cached ones (last in the batch)."""
-    if pc == 0:  # pure decode: GQA packed, split-KV on the longest request
-        heads = g.kv_heads if g.heads > g.kv_heads else g.heads
-        nblk = [g.tiles(k) for k in kvs]
-        nmax = max(nblk)
-        s = num_splits(len(kvs) * heads, g.sms, nmax)
-        if s == 1:  # grid (m, b, h): h outermost
-            return [n for _ in range(heads) for n in nblk]
-        per = -(-nmax // s)  # grid (m, split, b * h): request, head, split
-        out = []
-        for n in nblk:
-            row = [min(n, (i + 1) * per) - i * per for i in range(s)]
-            row = [t for t in row if t > 0]
-            out.extend(row * heads)
-        return out
-    decode = [g.tiles(k) for k in kvs]
-    m_blocks = -(-pc // _BLOCK_M)
-    prefill = [-(-min(kp + (j + 1) * _BLOCK_M, kp + pc) // g.block_n) for j in range(m_blocks)]
-    per_head = decode + prefill
+def decode_cta_keys(g: KernelGrid, kvs: Sequence[int]) -> list[int]:
+    """Keys each non-empty CTA of a pure-decode call streams, in dispatch (``blockIdx``)
+    order: GQA packed, split-KV on the longest request. Memory bound, so a CTA costs its
+    keys (a part-filled last tile loads only its rows)."""
+    heads = g.kv_heads if g.heads > g.kv_heads else g.heads
+    keys = [k + 1 for k in kvs]  # the new token's K/V is read too
+    nmax = max(g.tiles(k) for k in kvs)
+    s = num_splits(len(kvs) * heads, g.sms, nmax)
+    if s == 1:  # grid (m, b, h): h outermost
+        return [k for _ in range(heads) for k in keys]
+    span = -(-nmax // s) * g.block_n  # grid (m, split, b * h): request, head, split
+    out: list[int] = []
+    for k in keys:
+        row = [min(k, (i + 1) * span) - i * span for i in range(s)]
+        out.extend([w for w in row if w > 0] * heads)
+    return out
+
+
+def mixed_cta_tiles(g: KernelGrid, kvs: Sequence[int], pc: int, kp: int = 0) -> list[int]:
+    """KV tiles of every non-empty CTA of a mixed call (the decodes ``kvs`` in batch order,
+    then one prefill chunk of ``pc`` tokens after ``kp`` cached ones), in dispatch order:
+    one CTA per (request, query head, 64-query tile), heads outermost. Compute bound, so a
+    part-filled tile costs a whole one."""
+    per_head = [g.tiles(k) for k in kvs] + prefill_tiles(g, pc, kp)
     return per_head * g.heads
 
 
@@ -157,59 +164,84 @@ def makespan(tiles: Sequence[int], slots: int) -> int:
     return max(free)
 
 
+def shared_makespan(tiles: Sequence[int], slots: int, rho: float) -> float:
+    """Makespan in work units (keys) of memory-bound CTAs that share the DRAM bandwidth: while the
+    queue holds CTAs every slot is busy (list scheduling, 1 per unit); once it drains, the k
+    CTAs still running split the bandwidth k ways and each unit takes ``max(k / slots, rho)``
+    (``rho``: a lone CTA's own floor, its compute)."""
+    if len(tiles) <= slots:
+        t0, left = 0.0, sorted(tiles)
+    else:
+        free = [0] * slots
+        for t in tiles:
+            heapq.heapreplace(free, free[0] + t)
+        t0 = float(free[0])  # the last CTA has just been dispatched
+        left = sorted(f - free[0] for f in free)
+    out, done, k = t0, 0, len(left)
+    for r in left:
+        out += (r - done) * max(k / slots, rho)
+        done, k = r, k - 1
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class CtaCost:
-    """Tile costs (µs) of one system's attention kernel, solved on its uniform decode table.
+    """Tile costs (µs) of one system's attention kernel, from its own uniform tables.
 
-    ``c`` is the time of one KV tile when every slot is busy; a pure-decode CTA (GQA packed,
-    a few useful query rows per 64-row tile) is memory bound, so while fewer CTAs run each
-    one streams faster, down to ``rho x c`` per tile (``rho <= 1``): a pure-decode call takes
-    ``max(chain, fluid)``, ``chain`` the list-scheduling makespan at ``rho x c`` per tile and
-    ``fluid`` all tiles at ``c`` spread over the slots. A mixed call's 64-query tiles are
-    compute bound: list scheduling at ``c`` per tile.
+    A tile is 64 query rows x ``block_n`` keys. ``c_compute``: the time of one tile on one
+    SM when compute bound, from the longest prefills of the context table (their CTAs fill
+    every SM for many waves). ``c``: the time of one pure-decode tile while every slot is
+    busy (memory bound: the GQA-packed tile has a few useful query rows), least squares over
+    the generation table; ``rho = c_compute / c`` is how much faster a decode CTA streams
+    once few are left. A mixed call (no GQA packing, no split) is list-scheduled at
+    ``c_compute``; a pure decode by :func:`shared_makespan` at ``c``.
     """
 
     c: float
-    rho: float
-    rows: int  # uniform table rows the pair was solved on
+    c_compute: float
+    rows: int  # uniform decode rows c was solved on
+
+    @property
+    def rho(self) -> float:
+        return min(1.0, self.c_compute / self.c)
 
 
-def _pure_terms(g: KernelGrid, kvs: Sequence[int]) -> tuple[float, float]:
-    tiles = cta_tiles(g, kvs)
-    return float(makespan(tiles, g.slots)), sum(tiles) / g.slots
+def prefill_tiles(g: KernelGrid, pc: int, kp: int = 0) -> list[int]:
+    """KV tiles of the 64-query CTAs of one causal prefill chunk, per head."""
+    m_blocks = -(-pc // _BLOCK_M)
+    return [-(-min(kp + (j + 1) * _BLOCK_M, kp + pc) // g.block_n) for j in range(m_blocks)]
 
 
-_RHOS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+def cost_from_uniform(g: KernelGrid, prefill_us, decode_us, prefill_lengths: Sequence[int],
+                      batches: Sequence[int], kv_lengths: Sequence[int],
+                      dram_tile_us: float = 0.0) -> CtaCost:
+    """:class:`CtaCost` of one system and shape from its uniform tables (µs callables).
 
-
-def cost_from_uniform(g: KernelGrid, decode_us, batches: Sequence[int],
-                      kv_lengths: Sequence[int]) -> CtaCost:
-    """(c, rho) by least squares of ``t = t0 + c max(rho chain, fluid)`` (relative error)
-    over the uniform decode table ``decode_us(batch, kv)`` (µs); rho on a 0.05 grid."""
-    terms, ts = [], []
-    for n in batches:
-        for kv in kv_lengths:
-            terms.append(_pure_terms(g, [int(kv)] * int(n)))
-            ts.append(float(decode_us(np.array([n]), np.array([kv]))[0]))
-    chain, fluid = (np.asarray(v) for v in zip(*terms, strict=True))
-    t = np.asarray(ts)
-    best: tuple[float, float, float] | None = None
-    for rho in _RHOS:
-        a = np.stack([np.ones_like(t), np.maximum(rho * chain, fluid)], axis=1) / t[:, None]
-        sol, res = nnls(a, np.ones_like(t))
-        if best is None or res < best[0]:
-            best = (res, float(sol[1]), rho)
-    assert best is not None
-    return CtaCost(c=best[1] if best[1] > 0 else 1.0, rho=best[2], rows=len(ts))
+    ``dram_tile_us``: the time of one decode tile when every slot streams its K/V from DRAM
+    (slots x tile bytes / effective bandwidth); ``c`` is never below it, as the derived
+    decode rows are never below DRAM streaming (the table's collector keeps KV in L2)."""
+    comp = [float(prefill_us(np.array([s]))[0]) / makespan(prefill_tiles(g, s) * g.heads, g.slots)
+            for s in prefill_lengths]
+    c_compute = float(np.median(comp))
+    rows = [(n, kv) for n in batches for kv in kv_lengths]
+    t = np.array([float(decode_us(np.array([n]), np.array([kv]))[0]) for n, kv in rows])
+    work = [decode_cta_keys(g, [int(kv)] * int(n)) for n, kv in rows]
+    c = c_compute
+    for _ in range(4):  # rho depends on c: a few fixed-point rounds settle it
+        rho = min(1.0, c_compute / c)
+        x = np.array([shared_makespan(w, g.slots, rho) for w in work]) / g.block_n
+        a = np.stack([np.ones_like(t), x], axis=1) / t[:, None]
+        sol, _ = nnls(a, np.ones_like(t))
+        c = max(float(sol[1]) if sol[1] > 0 else c, dram_tile_us)
+    return CtaCost(c=c, c_compute=c_compute, rows=len(rows))
 
 
 def call_time(g: KernelGrid, cost: CtaCost, kvs: Sequence[int], pc: int = 0,
               kp: int = 0) -> float:
     """Model time (µs, without the fixed launch cost) of one call."""
     if pc == 0:
-        chain, fluid = _pure_terms(g, kvs)
-        return cost.c * max(cost.rho * chain, fluid)
-    return cost.c * makespan(cta_tiles(g, kvs, pc, kp), g.slots)
+        return cost.c / g.block_n * shared_makespan(decode_cta_keys(g, kvs), g.slots, cost.rho)
+    return cost.c_compute * makespan(mixed_cta_tiles(g, kvs, pc, kp), g.slots)
 
 
 def batch_alpha_terms(g: KernelGrid, cost: CtaCost, kvs: Sequence[int], pc: int,

@@ -12,14 +12,16 @@ from profiles.aiconfigurator.skew import (
     KernelGrid,
     SkewDesign,
     batch_alpha_terms,
-    cta_tiles,
+    decode_cta_keys,
     derive_skew_table,
     makespan,
+    mixed_cta_tiles,
     num_splits,
+    shared_makespan,
 )
 
 GRID = KernelGrid.of("rtx_pro_6000_server", heads=32, kv_heads=8, head_dim=128)
-COST = CtaCost(c=5.0, rho=0.05, rows=1)
+COST = CtaCost(c=8.0, c_compute=2.5, rows=1)
 
 
 def test_kernel_grid_of_the_rtx_pro_6000():
@@ -43,6 +45,12 @@ def test_makespan_bounds(tiles, slots):
     t = makespan(tiles, slots)
     assert t >= max(tiles) and t * slots >= sum(tiles)
     assert t <= sum(tiles) / slots + max(tiles)
+    # Sharing the bandwidth: never slower than list scheduling, never faster than the fluid
+    # bound or a lone CTA at its floor.
+    for rho in (0.1, 0.5, 1.0):
+        s = shared_makespan(tiles, slots, rho)
+        assert s <= t + 1e-9
+        assert s >= max(sum(tiles) / slots, rho * max(tiles)) - 1e-9
 
 
 def test_uniform_batch_has_no_skew_and_one_wave_follows_the_longest():
@@ -58,9 +66,16 @@ def test_uniform_batch_has_no_skew_and_one_wave_follows_the_longest():
 
 
 def test_mixed_ctas_are_per_query_head_and_tile():
-    tiles = cta_tiles(GRID, [300, 10], pc=128, kp=0)
+    tiles = mixed_cta_tiles(GRID, [300, 10], pc=128, kp=0)
     # per head: 2 decodes (3 and 1 tiles) + 2 prefill tiles of 64 queries (1 tile each)
     assert tiles == [3, 1, 1, 1] * 32
+
+
+def test_pure_decode_ctas_are_per_kv_head_and_split():
+    many = decode_cta_keys(GRID, [1000] * 64)  # 512 CTAs fill the GPU: no split
+    assert many == [1001] * 512
+    two = decode_cta_keys(GRID, [4095, 100])  # 16 CTAs: split the longest's 32 tiles
+    assert sum(two) == 8 * (4096 + 101) and len(two) > 16 and max(two) < 4096
 
 
 def test_derived_table_layout():

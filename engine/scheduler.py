@@ -323,19 +323,22 @@ class Scheduler:
 
         Called where the engine loop would call :meth:`schedule` next, with the steps it has in
         flight (async: the one step scheduled before this one; sync: none). Steady means:
-        nothing waiting or unqueued, every running request one decode token behind (sync:
+        nothing waiting (or every seat taken: with ``max_num_seqs`` running, admission stops
+        before it looks at the queue), every running request one decode token behind (sync:
         ``num_computed_tokens == num_tokens - 1``; async: ``== num_tokens`` with one output
         placeholder, and the step in flight is exactly the running requests, each decoding),
         every request's token run contiguous, and the token budget covering one token each.
         The same pass files each request's first KV check of the span (see
         :meth:`decode_span`).
         """
-        if self.waiting or self._unqueued or self.one_token_in_flight:
+        if self.one_token_in_flight:
             return None
         running = self.running
         n = len(running)
         if n == 0 or n > self.token_budget:
             return None
+        if self.waiting and n < self.max_num_seqs:
+            return None  # admission may happen (with every seat taken, phase B stops at once)
         nxt = self.token_log.base + len(self.token_log.times)  # the next completion's number
         async_ = self.async_scheduling
         if async_:
@@ -436,6 +439,11 @@ class Scheduler:
                             need += 1
                     if need > pool.num_free:
                         break  # this schedule would preempt: leave it to schedule()
+                if i == 0 and self._unqueued:  # picked up by this schedule (see schedule())
+                    for r in self._unqueued:
+                        r.queued_ns = times[0]
+                    self._unqueued.clear()
+                if todo:
                     for p in todo:
                         r = running[p]
                         c = c0[p]

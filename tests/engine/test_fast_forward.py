@@ -94,15 +94,17 @@ def _assert_same(a, b, ua, ub) -> None:
             assert pa.num_evictions == pb.num_evictions
 
 
-SPANS = {"steps": 0}
+SPANS = {"steps": 0, "with_queue": 0}
 
 
 def _count_spans(monkeypatch) -> None:
     real = Scheduler.decode_span
 
     def counted(self, span, times):
+        queued = bool(self.waiting)
         ops, free = real(self, span, times)
         SPANS["steps"] += (ops + 1) // 2
+        SPANS["with_queue"] += (ops + 1) // 2 if queued else 0
         return ops, free
 
     monkeypatch.setattr(Scheduler, "decode_span", counted)
@@ -155,14 +157,15 @@ def test_decode_spans_ran_in_the_property_test():
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
 @pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("max_num_seqs", [256, 8])  # 8: spans with requests waiting for a seat
 def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, async_scheduling,
-                                                  caching):
+                                                  caching, max_num_seqs):
     from profiles.bundle import load_bundle
     from profiles.latency import ProfiledLatencyModel
 
     bundle = load_bundle(shared_data / "llmservingsim" / "profiles", "RTXPRO6000", MODEL.name)
     cfg = EngineConfig(async_scheduling=async_scheduling, enable_prefix_caching=caching,
-                       num_gpu_blocks_override=2500)
+                       num_gpu_blocks_override=2500, max_num_seqs=max_num_seqs)
     spec = InstanceSpec("a", MODEL, HW, cfg, ProfiledLatencyModel(bundle, MODEL, 1),
                         kv_capacity(MODEL, HW, cfg))
     rng = random.Random(7)
@@ -174,8 +177,10 @@ def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, asyn
         prompt = (shared if i % 3 == 0 else ()) + tail
         reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 400)))
     slow, us = _run([spec], reqs, {}, False, monkeypatch)
-    SPANS["steps"] = 0
+    SPANS["steps"] = SPANS["with_queue"] = 0
     _count_spans(monkeypatch)
     fast, uf = _run([spec], reqs, {}, True, monkeypatch)
     _assert_same(slow, fast, us, uf)
     assert SPANS["steps"] > slow.num_steps // 4, (SPANS, slow.num_steps)
+    if max_num_seqs == 8:  # spans ran while requests waited for a seat
+        assert SPANS["with_queue"] > 0, SPANS

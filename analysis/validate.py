@@ -55,7 +55,13 @@ from engine.simulate import simulate_cluster, simulate_deployment
 from engine.specs import GIB, ConfigError, EngineConfig, ModelSpec, SettingError
 from engine.workload import RequestSpec
 from profiles.catalog import load_hardware, model_from_hf_config
-from profiles.deployment import BundleSource, DeploymentPlan, assemble, bundle_sources
+from profiles.deployment import (
+    BundleSource,
+    DeploymentPlan,
+    assemble,
+    bundle_sources,
+    comm_sources,
+)
 from workloads import read_jsonl
 
 #: ``--profiles`` values selecting generated bundles instead of a measured-bundle root:
@@ -364,6 +370,7 @@ def run_validation(
         "reference_dp": reference_dp,
         "bundle_source": ", ".join(dict.fromkeys(sources.values())),
         "bundle_sources": sources,
+        "comm_sources": comm_sources(plan),
         "notes": [*setup.notes, *build.notes],
     }
     return ValidationRun(report, format_comparison(table, setup.title), kv_lines, result,
@@ -438,6 +445,8 @@ def main(args: argparse.Namespace) -> int:
     )
     for name, source in run.report["bundle_sources"].items():
         print(f"profiles: {name}: {source}")
+    for name, source in run.report["comm_sources"].items():
+        print(f"collectives: {name}: {source}")
     server = run.report.get("server")
     if server:
         print(f"server: {server['model']} on {server['hardware']}, KV capacity from "

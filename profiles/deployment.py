@@ -11,7 +11,9 @@ cluster JSON. :func:`assemble` turns a plan into the engine's
 * each instance's profile bundle (:class:`BundleSource`: measured, generated roofline, or
   measured with a roofline fallback) and its step latency
   (:func:`profiles.parallel.latency.latency_for_instance`: per-rank compute plus collectives
-  over the instance's links, priced by the plan's :class:`astra_bridge.CommBackend`),
+  over the instance's links, priced by the plan's :class:`astra_bridge.CommBackend`, or by
+  aiconfigurator's measured tables where the links are the catalog's:
+  :func:`profiles.parallel.comm.collective_source`, reported by :func:`comm_sources`),
   memoised per (bundle, model, layout, links, backend) for the process, wrapped with weight
   streaming where a placement keeps weights off the NPU (``profiles.placement``);
 * the P/D hand-off of the prefill instances (``profiles.parallel.pd_transfer``) and the
@@ -38,6 +40,7 @@ from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from profiles.aiconfigurator import ensure_bundle as aiconfigurator_bundle
 from profiles.bundle import BundleError, ProfileBundle, load_bundle, variant_name
 from profiles.catalog import list_hardware
+from profiles.parallel.comm import collective_source
 from profiles.parallel.dp_pad import dp_pad_for
 from profiles.parallel.latency import ParallelLatencyModel, latency_for_instance
 from profiles.parallel.layout import ParallelLayout
@@ -83,12 +86,16 @@ class Links:
     """What an instance's collectives and loads cross: per-dimension link bandwidth (GB/s,
     GB = 2**30 B) and latency (ns) of its topology (the last value repeated for further
     dimensions, as the reference does), the NPU's HBM bandwidth (the collectives' local
-    reduction) and the host DRAM bandwidth (the step's token-id load), GB/s."""
+    reduction) and the host DRAM bandwidth (the step's token-id load), GB/s. ``hand_set``:
+    the figures are the cluster config's own (they then price the collectives); False when
+    they are the hardware catalog's, where measured collective tables win
+    (:func:`profiles.parallel.comm.collective_source`)."""
 
     bw_gbs: tuple[float, ...]
     latency_ns: tuple[float, ...]
     local_mem_bw_gbs: float
     host_mem_bw_gbs: float = 256.0
+    hand_set: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +221,14 @@ def bundle_sources(plan: DeploymentPlan) -> dict[str, str]:
     return out
 
 
+def comm_sources(plan: DeploymentPlan) -> dict[str, str]:
+    """Where each instance's TP / EP collectives are priced from, by instance name
+    (:func:`profiles.parallel.comm.collective_source`'s label)."""
+    return {inst.name: collective_source(inst.hardware, inst.links.hand_set,
+                                         plan.comm_backend).label
+            for inst in plan.instances}
+
+
 _LATENCY_MEMO = 64
 _latencies: OrderedDict[tuple[object, ...], tuple[ProfileBundle, ParallelLatencyModel]] = (
     OrderedDict()
@@ -225,7 +240,9 @@ def _latency(bundle: ProfileBundle, inst: InstancePlan,
     """The instance's step model, shared by every assembly of the same inputs (its memo stays
     warm across the points of a sweep)."""
     layout, links = inst.layout, inst.links
-    key = (str(bundle.path), tuple(sorted(bundle.tps)), inst.model, layout, links, backend)
+    collectives = collective_source(inst.hardware, links.hand_set, backend)
+    key = (str(bundle.path), tuple(sorted(bundle.tps)), inst.model, layout, links, backend,
+           collectives)
     hit = _latencies.get(key)
     if hit is not None and hit[0] is bundle:
         _latencies.move_to_end(key)
@@ -234,7 +251,7 @@ def _latency(bundle: ProfileBundle, inst: InstancePlan,
         bundle, inst.model, tp=layout.tp, pp=layout.pp, ep=layout.ep, dp=layout.dp,
         link_bw_gbs=links.bw_gbs, link_latency_ns=links.latency_ns, hardware=inst.hardware,
         local_mem_bw_gbs=links.local_mem_bw_gbs, host_mem_bw_gbs=links.host_mem_bw_gbs,
-        backend=backend,
+        backend=backend, collectives=collectives,
     )
     _latencies[key] = (bundle, lat)
     if len(_latencies) > _LATENCY_MEMO:

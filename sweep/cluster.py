@@ -146,6 +146,7 @@ def point_plan(
         bw_gbs=(hardware.interconnect_bw_gbs or DEFAULT_LINK_BW_GBS,),
         latency_ns=(hardware.interconnect_latency_ns,),
         local_mem_bw_gbs=hardware.hbm_bw_gbs,
+        hand_set=False,  # the catalog's figures: measured collective tables win
     )
     storage = str(cl.prefix_storage).lower()
     n_pre = int(cl.num_prefill_instances) if cl.pd_disaggregation else 0

@@ -25,7 +25,7 @@ from engine import HardwareSpec, ModelSpec, RequestSpec
 from engine.deployment import Deployment
 from engine.simulate import simulate_deployment
 from profiles.catalog import load_hardware, load_model
-from profiles.deployment import bundle_sources
+from profiles.deployment import bundle_sources, comm_sources
 from sweep.cluster import build_deployment, deployment_plan
 from sweep.validate import check_config, resolve_path
 from workloads.config import build as build_requests
@@ -55,6 +55,12 @@ def point_bundle_source(cfg: DictConfig) -> str:
     ``aiconfigurator <version> <system>`` or ``roofline`` (``ProfileBundle.source``; the
     distinct sources of its instances joined by ``; ``)."""
     return "; ".join(sorted(set(bundle_sources(deployment_plan(cfg)).values())))
+
+
+def point_comm_source(cfg: DictConfig) -> str:
+    """Where the point's TP / EP collectives are priced from
+    (``profiles.deployment.comm_sources``; distinct sources joined by ``; ``)."""
+    return "; ".join(sorted(set(comm_sources(deployment_plan(cfg)).values())))
 
 
 def warn_beyond_profiled_range(pc: Deployment) -> list[str]:
@@ -123,7 +129,8 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     (analysis metrics, the SLO verdict ``slo_met`` with the observed statistics, goodput,
     cost) and the engine's (KV usage, preemptions, prefix hit rate, simulated makespan, wall
     times); ``params`` are the SLO bounds as params (``slo.ttft_ms_p99.bound``) and
-    ``bundle_source``, where the step latencies came from (``point_bundle_source``);
+    ``bundle_source``, where the step latencies came from (``point_bundle_source``), and
+    ``comm_source``, where its collectives came from (``point_comm_source``);
     ``slo_margins`` each bound's log(observed / bound); ``timeseries`` maps the per-second
     columns to lists; ``requests_parquet`` is the per-request frame as Parquet.
     """
@@ -144,6 +151,7 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     metrics["job_wall_s"] = time.perf_counter() - t0
     params = dict(answers.params)
     params["bundle_source"] = point_bundle_source(cfg)
+    params["comm_source"] = point_comm_source(cfg)
     return {
         "metrics": metrics,
         "params": params,

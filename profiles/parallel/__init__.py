@@ -9,9 +9,13 @@ One module per job:
 * :mod:`profiles.parallel.latency`: ``ParallelLatencyModel``, per-rank compute plus
   collectives, PP sends and host I/O (the engine's ``LatencyModel``), and its factory;
 * :mod:`profiles.parallel.pd_transfer`: the prefill-to-decode KV hand-off (the engine's
-  ``KvTransfer``).
+  ``KvTransfer``);
+* :mod:`profiles.parallel.comm`: which source prices the TP / EP collectives (hand-set
+  cluster links: the analytical model; else aiconfigurator's measured tables where the GPU
+  has them) and the measured network.
 
 The formulas follow the reference simulator's trace + ASTRA-Sim graph (docs/reference-semantics.md
 §6-§8); the collectives are priced by :mod:`astra_bridge` (the embedded
-analytical model, or an ASTRA-Sim binary: :class:`astra_bridge.CommBackend`).
+analytical model, or an ASTRA-Sim binary: :class:`astra_bridge.CommBackend`) or, on the
+catalog's links, by aiconfigurator's measured tables (:mod:`profiles.parallel.comm`).
 """

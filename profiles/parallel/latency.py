@@ -21,6 +21,8 @@ model or an ASTRA-Sim binary), the way the reference simulator's trace + ASTRA-S
   derived: 2x at tp 1 on the Llama-3.1-8B run, 3x at tp 2 on every recoverable decode iteration
   of the Qwen3-32B run; ``bw`` in GB/s read as bytes/ns).
 
+Which source prices the TP / EP collectives (the analytical model over the links, an
+ASTRA-Sim binary, or aiconfigurator's measured tables) is :mod:`profiles.parallel.comm`'s.
 The P/D hand-off of a prefill instance is :mod:`profiles.parallel.pd_transfer`'s. All results
 are integer ns and memoised on the shape (or token count).
 """
@@ -39,6 +41,12 @@ from engine.specs import ConfigError, HardwareSpec, ModelSpec
 from profiles.architecture import Architecture
 from profiles.bundle import ProfileBundle, load_bundle, variant_name
 from profiles.latency import ProfiledLatencyModel
+from profiles.parallel.comm import (
+    CUDA_GRAPH_MAX_TOKENS,
+    MEASURED,
+    CollectiveSource,
+    MeasuredNetwork,
+)
 from profiles.parallel.layout import ParallelLayout, build_network
 
 # The rows after which the reference attaches a TP all-reduce (docs/reference-semantics.md §6.2).
@@ -346,6 +354,7 @@ def latency_for_instance(
     variant: str | None = None,
     reference_quirks: bool = True,
     backend: CommBackend | None = None,
+    collectives: CollectiveSource | None = None,
 ) -> ParallelLatencyModel:
     """The step-latency model of one instance, as the reference prices it.
 
@@ -355,7 +364,10 @@ def latency_for_instance(
     ``link_bw_gbs`` / ``link_latency_ns``: the cluster's per-dimension link figures (scalar or
     list, as in the reference cluster JSON). ``local_mem_bw_gbs``: the NPU HBM bandwidth for the
     collectives' local reduction (defaults to ``hardware.hbm_bw_gbs``). ``backend`` prices the
-    collectives (default: the embedded analytical model).
+    collectives (default: the embedded analytical model). ``collectives``: where TP / EP
+    collectives are priced from (:func:`profiles.parallel.comm.collective_source`; None or an
+    analytical source: ``backend`` over the links; a measured source: aiconfigurator's tables
+    through :class:`~profiles.parallel.comm.MeasuredNetwork`, ``backend`` for the rest).
     """
     layout = ParallelLayout(tp=tp, pp=pp, ep=ep, dp=dp)
     layout.check(model)
@@ -377,5 +389,9 @@ def latency_for_instance(
         local_mem_bw_gbs = hardware.hbm_bw_gbs
     compute = ProfiledLatencyModel(loaded, model, tp, ep=ep, host_mem_bw_gbs=None,
                                    reference_quirks=reference_quirks)
-    network = build_network(layout, link_bw_gbs, link_latency_ns, local_mem_bw_gbs, backend)
+    network: Network = build_network(layout, link_bw_gbs, link_latency_ns, local_mem_bw_gbs,
+                                     backend)
+    if collectives is not None and collectives.kind == MEASURED:
+        graph_max = CUDA_GRAPH_MAX_TOKENS * model.hidden_size * dtype_bytes(model.dtype, "dtype")
+        network = MeasuredNetwork(collectives, network, graph_max)
     return ParallelLatencyModel(compute, model, layout, network, host_mem_bw_gbs=host_mem_bw_gbs)

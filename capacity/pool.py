@@ -47,6 +47,10 @@ def configuration_key(method: str, args: tuple[Any, ...]) -> str:
                       default=str)
 
 
+#: Params of a probe's run naming where its numbers came from, kept with each probe and answer.
+SOURCE_KEYS = ("bundle_source", "comm_source")
+
+
 def run_probe(point: dict[str, Any]) -> dict[str, Any]:
     """Simulate ``point`` (a resolved sweep config as plain data, its ``slo`` the study's)
     with ``sweep.job.run_point``. Returns the verdict (``passed``, ``margin`` and each bound's
@@ -64,6 +68,8 @@ def run_probe(point: dict[str, Any]) -> dict[str, Any]:
         "margin": metrics["slo_margin"],
         "margins": dict(result["slo_margins"]),
         "metrics": metrics,
+        # where the point's step latencies and collectives came from (sweep.job.run_point)
+        "sources": {k: str(result["params"][k]) for k in SOURCE_KEYS if k in result["params"]},
         "probe_wall_s": time.perf_counter() - t0,
     }
 

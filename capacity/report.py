@@ -42,6 +42,8 @@ ANSWER_COLUMNS = {
     "tok_s_per_gpu": "good out tok/s/GPU",
     "tok_s_per_user": "out tok/s/user",
     "usd_per_m_output_tokens": "USD / 1M out tokens",
+    "bundle_source": "latencies from",
+    "comm_source": "collectives from",
 }
 FLEET_COLUMNS = {
     "rank": "rank", "config": "configuration", "replicas": "replicas", "num_gpus": "GPUs",

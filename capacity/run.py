@@ -157,11 +157,13 @@ def probe_cache_dir(value: str | None) -> Path | None:
 
 
 def prepare_bundles(configs: list[Configuration]) -> None:
-    """Generate every roofline bundle the study needs, here, before any worker loads one.
+    """Generate every roofline / aiconfigurator bundle the study needs, here, before any
+    worker loads one.
 
     Workers then only read complete bundles: a worker that loaded a bundle's TP1 tables
     keeps them cached in memory and would not see a TP degree another worker adds later.
     """
+    from profiles.aiconfigurator import ensure_bundle as aiconfigurator_bundle
     from profiles.catalog import load_hardware, load_model
     from profiles.roofline import ensure_bundle
     from sweep.validate import resolve_path
@@ -171,11 +173,12 @@ def prepare_bundles(configs: list[Configuration]) -> None:
         hw, bundle = c.point["hardware"], c.point["hardware"]["bundle"]
         key = (hw["name"], c.point["model"]["name"], c.point["cluster"]["tensor_parallel_size"],
                bundle["variant"], bundle["root"])
-        if bundle["source"] != "roofline" or key in seen:
+        if bundle["source"] not in ("roofline", "aiconfigurator") or key in seen:
             continue
         seen.add(key)
-        ensure_bundle(load_hardware(key[0]), load_model(key[1]), key[2], variant=key[3],
-                      cache=resolve_path(key[4]) if key[4] else None)
+        make = ensure_bundle if bundle["source"] == "roofline" else aiconfigurator_bundle
+        make(load_hardware(key[0]), load_model(key[1]), key[2], variant=key[3],
+             cache=resolve_path(key[4]) if key[4] else None)
 
 
 def make_pool(cap: DictConfig, num_configs: int) -> Any:

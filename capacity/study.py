@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from analysis.slo import SloSpec
+from capacity.pool import SOURCE_KEYS
 from capacity.search import RateSearch, SearchSettings
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ def probe_row(cfg: Configuration, index: int, rate: float, kind: str, value: dic
         "probe_wall_s": value.get("probe_wall_s", math.nan),
     }
     row.update(value["metrics"])
+    row.update(value.get("sources", {}))  # bundle_source, comm_source (strings)
     return row
 
 
@@ -183,6 +185,8 @@ def answer_row(cfg: Configuration, bound_keys: tuple[str, ...] = ()) -> dict[str
         if best.get("tpot_ms_median", 0) > 0 else math.nan,
     }
     row.update({k: float(best.get(k, math.nan)) for k in bound_keys})
+    for key in SOURCE_KEYS:  # the answer probe's, else any probe's (cached ones may lack it)
+        row[key] = best.get(key) or next((r[key] for r in cfg.probe_rows if r.get(key)), "")
     return row
 
 

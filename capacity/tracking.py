@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from analysis.slo import SloSpec
 from capacity.plots import latency_file, latency_vs_load_png
+from capacity.pool import SOURCE_KEYS
 from capacity.study import Configuration
 from sweep.recorder import flatten
 from sweep.store_lock import open_tracker
@@ -81,7 +82,8 @@ class MlflowSink:
     def config_done(self, cfg: Configuration, answer: dict[str, Any]) -> None:
         run_id = self._config_run(cfg)
         self.tracker.log_metrics(run_id, _numbers(answer))
-        self.tracker.set_tags(run_id, {"status": answer["status"]})
+        self.tracker.set_tags(run_id, {"status": answer["status"],
+                                       **{k: str(answer.get(k) or "") for k in SOURCE_KEYS}})
         plots = self.out_dir / "plots"
         plots.mkdir(parents=True, exist_ok=True)
         bounds = {b.key: b.max_ms for b in self.spec.bounds}

@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks.aiconfigurator_error [--data DIR] [--doc docs/aiconfigurator.md]
-        [--no-e2e] [--per-gpu]
+        [--no-e2e] [--no-skew] [--comm] [--per-gpu]
 
 1. Per table: for every measured RTX PRO 6000 bundle (model, TP folder) the bundle derived
    from aiconfigurator-core's ``rtx_pro_6000_server`` tables (``profiles.aiconfigurator``) is
@@ -16,11 +16,14 @@ Usage::
    two diagnostics that locate the gap (neither is a profile source): the measured bundles
    with their skew fit switched off, and the derived bundles carrying the measured bundles'
    skew fit.
-4. Per GPU (``--per-gpu``): the roofline bundle against the aiconfigurator bundle on every
+4. Skew (unless ``--no-skew``): the derived skew model's alpha (``profiles.aiconfigurator.
+   skew``) against the measured bundles' skew profiles, per regime and decode count.
+5. Per GPU (``--per-gpu``): the roofline bundle against the aiconfigurator bundle on every
    aiconfigurator system, for the catalog models, on the tables aiconfigurator measures
-   (GEMM layers, attention, MoE): how far the roofline fallback is from NVIDIA's tables;
-   and a TP2 all-reduce priced by our analytical model against aiconfigurator's measured
-   vLLM custom all-reduce and NCCL tables.
+   (GEMM layers, attention, MoE): how far the roofline fallback is from NVIDIA's tables.
+6. Communication (``--comm`` or ``--per-gpu``): a TP2 all-reduce priced by our analytical
+   model against aiconfigurator's measured vLLM all-reduce and NCCL tables, and what a
+   sweep prices now (``profiles.parallel.comm``).
 
 The markdown is printed and, with ``--doc``, written between the
 ``<!-- aiconfigurator_error:begin -->`` / ``<!-- aiconfigurator_error:end -->`` markers.
@@ -150,47 +153,121 @@ def per_gpu_errors(cache: Path) -> list[ErrorRow]:
     return rows
 
 
+#: Mixed-regime samples per measured bundle / TP of the skew check (of ~12,700 rows; the
+#: ~330 pure-decode rows are all used).
+SKEW_SAMPLES = 1500
+SKEW_N_GROUPS = ((2, 4), (8, 16, 32), (64, 128, 256))
+
+
+def skew_rows(data: Path) -> list[tuple[str, str, str, int, float, float, float]]:
+    """The derived skew model against the measured bundles' skew profiles (``tp<N>/skew.csv``:
+    two-level batches at 4x KV, timed on the RTX PRO 6000): per (bundle, regime, decode-count
+    group) the sample count, the medians of the measured and the model's alpha, and the
+    median |model - measured|. A check only: nothing of the model is fitted to these."""
+    from profiles.aiconfigurator.skew import _spread, batch_alpha_terms, model_for
+    from profiles.aiconfigurator.tables import AttentionShape, attention_tables, load_system
+    from profiles.roofline.cost import RankShape
+
+    system = load_system(SYSTEMS[HARDWARE])
+    out = []
+    for hw_name, model_name in MEASURED:
+        model = load_model(model_name)
+        mdir = measured_variant_dir(data, hw_name, model_name)
+        for tp in measured_tps(mdir):
+            s = RankShape.of(model, tp)
+            tabs = attention_tables(system.name, AttentionShape(s.heads, s.kv_heads, s.head_dim,
+                                                                "bfloat16"))
+            sm = model_for(system.name, system.effective_bw, tabs, s.heads, s.kv_heads,
+                           s.head_dim, 2.0)
+            prof = pd.read_csv(mdir / f"tp{tp}" / "skew.csv")
+            prof = prof[prof["skew"] == 4.0]
+            mixed = prof[prof["regime"] == "mixed"]
+            prof = pd.concat([prof[prof["regime"] == "pure"],  # few: all of them
+                              mixed.sample(min(SKEW_SAMPLES, len(mixed)), random_state=0)])
+            model_alpha = []
+            for r in prof.itertuples():
+                kvs = [r.kv_big if big else r.kvs for big in _spread(r.n, r.nb)]
+                num, den = batch_alpha_terms(sm.grid, sm.cost, kvs, r.pc, r.kp)
+                model_alpha.append(num / den if den > 0 else 0.0)
+            prof = prof.assign(model=model_alpha)
+            for regime in ("pure", "mixed"):
+                for group in SKEW_N_GROUPS:
+                    g = prof[(prof["regime"] == regime) & prof["n"].isin(group)]
+                    if g.empty:
+                        continue
+                    out.append((f"{model_name} tp{tp}", regime,
+                                "n " + "/".join(map(str, group)), len(g),
+                                float(g["alpha"].median()), float(g["model"].median()),
+                                float((g["model"] - g["alpha"]).abs().median())))
+    return out
+
+
+def render_skew(rows: list[tuple[str, str, str, int, float, float, float]]) -> str:
+    lines = [
+        "Derived skew alpha against the measured bundles' skew profiles (samples of "
+        "`tp<N>/skew.csv`, two-level batches: a share of the decodes at 4x the KV of the "
+        "rest; `pure` = decodes only, `mixed` = with a prefill chunk; "
+        "alpha = (t_skewed - t_mean) / (t_max - t_mean)):",
+        "",
+        "| bundle | regime | decodes | samples | measured alpha (median) | derived alpha "
+        r"(median) | median \|derived - measured\| |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for bundle, regime, group, n, meas, der, err in rows:
+        lines.append(f"| {bundle} | {regime} | {group} | {n} | {meas:.3f} | {der:.3f} | "
+                     f"{err:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 #: Token counts of the TP all-reduce comparison (message = tokens x hidden x 2 bytes).
 COMM_TOKENS = (1, 16, 128, 1024, 2048)
 
 
-def comm_rows(cache: Path) -> list[tuple[str, int, int, float, float, float, float]]:
+def comm_rows(cache: Path) -> list[tuple[str, int, int, float, float, float, float, float]]:
     """TP2 all-reduce of Llama-3.1-8B's hidden state per system: (system, tokens, bytes,
     our analytical model over the catalog link in µs, aiconfigurator's vLLM custom all-reduce
-    eager and CUDA-graph µs, NCCL µs)."""
+    eager and CUDA-graph µs, NCCL µs, what a sweep now prices: the measured source of
+    ``profiles.parallel.comm``)."""
+    from astra_bridge import CommBackend
     from profiles.aiconfigurator.tables import custom_allreduce_table, nccl_table
+    from profiles.parallel.comm import collective_source
     from profiles.parallel.latency import latency_for_instance
 
     model = load_model("meta-llama/Llama-3.1-8B")
     out = []
     for hw_name, system in SYSTEMS.items():
         hw = load_hardware(hw_name)
-        lat = latency_for_instance(load_bundle(roofline_bundle(hw, model, 2, cache=cache)), model,
-                                   tp=2, hardware=hw, link_bw_gbs=hw.interconnect_bw_gbs,
-                                   link_latency_ns=hw.interconnect_latency_ns)
-        eager = custom_allreduce_table(system, graph=False)
-        graph = custom_allreduce_table(system, graph=True)
+        bundle = load_bundle(roofline_bundle(hw, model, 2, cache=cache))
+        kw = dict(tp=2, hardware=hw, link_bw_gbs=hw.interconnect_bw_gbs,
+                  link_latency_ns=hw.interconnect_latency_ns)
+        lat = latency_for_instance(bundle, model, **kw)
+        src = collective_source(hw, False, CommBackend())
+        now = latency_for_instance(bundle, model, **kw, collectives=src)
+        eager = custom_allreduce_table(system, graph=False, version=src.allreduce_version)
+        graph = custom_allreduce_table(system, graph=True, version=src.allreduce_version)
         nccl = nccl_table(system, "all_reduce")
         for tokens in COMM_TOKENS:
             nbytes = tokens * model.hidden_size * 2
             out.append((system, tokens, nbytes, lat.tp_allreduce_ns(tokens) / 1e3,
-                        eager(2, nbytes), graph(2, nbytes), nccl(2, nbytes)))
+                        eager(2, nbytes), graph(2, nbytes), nccl(2, nbytes),
+                        now.tp_allreduce_ns(tokens) / 1e3))
     return out
 
 
-def render_comm(rows: list[tuple[str, int, int, float, float, float, float]]) -> str:
+def render_comm(rows: list[tuple[str, int, int, float, float, float, float, float]]) -> str:
     lines = [
         "TP2 all-reduce of Llama-3.1-8B's hidden state (tokens x 4096 x 2 bytes): our "
-        "analytical model over the catalog link (what a sweep uses today) against "
-        "aiconfigurator's measured vLLM custom all-reduce (eager / CUDA graph) and NCCL:",
+        "analytical model over the catalog link (what a sweep used before), aiconfigurator's "
+        "measured vLLM all-reduce (eager / CUDA graph, at the version `profiles.parallel.comm` "
+        "reads) and NCCL, and what a sweep prices now (graph up to 512 tokens, eager above):",
         "",
-        "| system | tokens | bytes | analytical µs | custom AR eager µs | custom AR graph µs | "
-        "NCCL µs |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| system | tokens | bytes | analytical µs | vLLM AR eager µs | vLLM AR graph µs | "
+        "NCCL µs | sweep now µs |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for system, tokens, nbytes, ours, eager, graph, nccl in rows:
+    for system, tokens, nbytes, ours, eager, graph, nccl, now in rows:
         lines.append(f"| {system} | {tokens} | {nbytes} | {ours:.1f} | {eager:.1f} | "
-                     f"{graph:.1f} | {nccl:.1f} |")
+                     f"{graph:.1f} | {nccl:.1f} | {now:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -263,6 +340,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-e2e", action="store_true", help="skip the ground-truth replays")
     ap.add_argument("--per-gpu", action="store_true",
                     help="also compare roofline with aiconfigurator on every system")
+    ap.add_argument("--no-skew", action="store_true",
+                    help="skip the derived skew alpha against the measured skew profiles")
+    ap.add_argument("--comm", action="store_true",
+                    help="also the TP2 all-reduce per system (implied by --per-gpu)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
@@ -271,8 +352,11 @@ def main(argv: list[str] | None = None) -> None:
         if not args.no_e2e:
             block += "\n" + render_e2e(end_to_end(args.data, cache, Path(tmp) / "e2e"),
                                         E2E_INTRO, "profiles")
+        if not args.no_skew:
+            block += "\n" + render_skew(skew_rows(args.data))
         if args.per_gpu:
             block += "\n" + render_per_gpu(per_gpu_errors(cache))
+        if args.per_gpu or args.comm:
             block += "\n" + render_comm(comm_rows(cache))
     print(block)
     if args.doc is not None:

@@ -58,9 +58,8 @@ from engine.specs import ConfigError, HardwareSpec, ModelSpec
 from profiles.aiconfigurator.skew import (
     KERNEL_LIMITS,
     SKEW_FACTOR,
-    KernelGrid,
-    cost_from_uniform,
     derive_skew_table,
+    model_for,
 )
 from profiles.aiconfigurator.tables import (
     PINNED_VERSION,
@@ -233,13 +232,9 @@ class _Builder:
         """The derived alpha bucket table of ``tp`` and its ``skew_fit.per_tp`` entry."""
         s = RankShape.of(self.model, tp)
         tabs = self._attention(tp)
-        grid = KernelGrid.of(self.system.name, s.heads, s.kv_heads, s.head_dim)
-        steps = [int(k) for k in tabs.decode_steps if k <= 16384]
-        longest = [int(k) for k in tabs.prefill.keys if k >= 4096] or [int(tabs.prefill.keys[-1])]
-        dram_tile_us = (grid.slots * grid.tile_bytes(s.head_dim, self.precision.kv_bytes)
-                        / self.system.effective_bw * 1e6)
-        cost = cost_from_uniform(grid, tabs.prefill_us, tabs.decode_us, longest,
-                                 [1, 2, 4, 8, 16, 32, 64, 128, 256], steps, dram_tile_us)
+        sm = model_for(self.system.name, self.system.effective_bw, tabs, s.heads, s.kv_heads,
+                       s.head_dim, self.precision.kv_bytes)
+        grid, cost = sm.grid, sm.cost
         table, default, samples = derive_skew_table(grid, cost)
         entry: dict[str, object] = {
             "method": "derived: FlashAttention CTA list scheduling (profiles.aiconfigurator.skew)",
@@ -249,9 +244,9 @@ class _Builder:
             "kernel": {"sms": grid.sms, "slots": grid.slots, "block_n": grid.block_n,
                        "heads": grid.heads, "kv_heads": grid.kv_heads},
             "tile_cost": {"decode_c_us": round(cost.c, 4),
-                          "dram_tile_us": round(dram_tile_us, 4),
+                          "dram_tile_us": round(sm.dram_tile_us, 4),
                           "compute_c_us": round(cost.c_compute, 4), "rho": round(cost.rho, 4),
-                          "decode_rows": cost.rows, "prefill_lengths": longest,
+                          "decode_rows": cost.rows, "prefill_lengths": list(sm.prefill_lengths),
                           "from": self.sources.get("attention", "").split("; ")[0]},
             "design_skew_factor": SKEW_FACTOR,
         }

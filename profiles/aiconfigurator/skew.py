@@ -236,6 +236,37 @@ def cost_from_uniform(g: KernelGrid, prefill_us, decode_us, prefill_lengths: Seq
     return CtaCost(c=c, c_compute=c_compute, rows=len(rows))
 
 
+#: Uniform decode rows the tile cost is solved on: batches, and KV lengths up to this.
+COST_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+COST_MAX_KV = 16384
+#: Prefill lengths from which on the context table is compute bound (many waves of CTAs).
+COMPUTE_MIN_TOKENS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class SkewModel:
+    """The kernel grid and tile costs of one (system, attention shape), and their inputs."""
+
+    grid: KernelGrid
+    cost: CtaCost
+    prefill_lengths: tuple[int, ...]
+    dram_tile_us: float
+
+
+def model_for(system: str, effective_bw: float, tabs, heads: int, kv_heads: int,
+              head_dim: int, kv_bytes: float) -> SkewModel:
+    """:class:`SkewModel` of ``system`` from its uniform attention tables ``tabs``
+    (``profiles.aiconfigurator.tables.AttentionTables``) and DRAM bandwidth (B/s)."""
+    grid = KernelGrid.of(system, heads, kv_heads, head_dim)
+    steps = [int(k) for k in tabs.decode_steps if k <= COST_MAX_KV]
+    longest = tuple(int(k) for k in tabs.prefill.keys if k >= COMPUTE_MIN_TOKENS) or (
+        int(tabs.prefill.keys[-1]),)
+    dram_tile_us = grid.slots * grid.tile_bytes(head_dim, kv_bytes) / effective_bw * 1e6
+    cost = cost_from_uniform(grid, tabs.prefill_us, tabs.decode_us, longest, COST_BATCHES,
+                             steps, dram_tile_us)
+    return SkewModel(grid, cost, longest, dram_tile_us)
+
+
 def call_time(g: KernelGrid, cost: CtaCost, kvs: Sequence[int], pc: int = 0,
               kp: int = 0) -> float:
     """Model time (µs, without the fixed launch cost) of one call."""

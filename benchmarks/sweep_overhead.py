@@ -8,13 +8,18 @@ ran 0 jobs once reported a 3.83x speed-up). Per implementation (this tree, and w
 ``--compare REV`` the git revision REV checked out in a temporary worktree, run side by side
 in the same invocation, alternating, ``--repeat`` times):
 
+``--compare-dir DIR`` measures another source tree the same way (e.g. a copy of this one with
+the platform files of an older revision, to compare the platform on one engine).
+
 * ``single``: ``python -m sweep +experiment=mem_util_grid`` (one point, MLflow on): wall
-  time to the first result (the point's ``metrics.json`` on disk) and to exit;
+  time to the first result (its metric summary in the log, or its ``metrics.json`` on disk,
+  whichever comes first) and to exit;
 * ``sweep``: ``python -m sweep +experiment=mem_util_grid -m`` (the 20-point grid), and a
   ``--small`` grid of 4 points: wall time, CPU seconds of every process of the run (the
   driver, Ray's processes, the actors; sampled with psutil every 0.1 s), the per-point CPU as
   the slope between the two grid sizes and its ratio to a bare ``sweep.job.run_point`` (warm
-  caches, in one process, the same points), the fixed part, and the actors' peak RSS;
+  caches, in one process, the same points), the fixed part, the grid's CPU split into the
+  driver, the actors and Ray's other processes, and the actors' peak RSS;
 * ``--probes``: a capacity search (``python -m sweep.capacity +experiment=capacity_search``)
   for the probe workers' peak RSS.
 
@@ -43,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 SMALL = ["cluster.gpu_memory_utilization=0.5,0.9", "workload.rate=1,4"]  # 4 of the 20 points
 GRID = "+experiment=mem_util_grid"
+FIRST_LINE = "completed: "  # the first line of a single run's metric summary
 
 BARE = r"""
 import json, sys, time
@@ -73,6 +79,7 @@ class TreeMeter:
     def __init__(self, pid: int, rss_of: tuple[str, ...] = ()) -> None:
         self._root = pid
         self._cpu: dict[int, float] = {}
+        self._kind: dict[int, str] = {}  # driver, actors (the job runners), ray (the rest)
         self.peak_rss_mib: dict[str, float] = {name: 0.0 for name in rss_of}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -85,6 +92,12 @@ class TreeMeter:
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 self._cpu[pid] = (int(stat[11]) + int(stat[12])) / self.TICK  # utime + stime
+                if pid not in self._kind:
+                    title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+                    self._kind[pid] = ("driver" if pid == self._root else
+                                       "actors" if title.startswith(("ray::JobRunner",
+                                                                     "ray::ProbeWorker"))
+                                       else "ray")
                 if self.peak_rss_mib:
                     title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
                     for name in self.peak_rss_mib:
@@ -103,6 +116,13 @@ class TreeMeter:
         self._stop.set()
         self._thread.join()
         return sum(self._cpu.values())
+
+    def cpu_by_kind(self) -> dict[str, float]:
+        """CPU seconds of the driver, the actors and Ray's other processes."""
+        out = {"driver": 0.0, "actors": 0.0, "ray": 0.0}
+        for pid, cpu in self._cpu.items():
+            out[self._kind.get(pid, "ray")] += cpu
+        return out
 
 
 def _env(tree: Path) -> dict[str, str]:
@@ -127,8 +147,10 @@ def run_sweep(tree: Path, work: Path, extra: list[str], multirun: bool,
     proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree), stdout=log, stderr=subprocess.STDOUT)
     meter = TreeMeter(proc.pid, rss_of)
     first = None
+    log_path = work / "log.txt"
     while proc.poll() is None:
-        if first is None and next(out.glob("**/metrics.json"), None) is not None:
+        if first is None and (next(out.glob("**/metrics.json"), None) is not None
+                              or FIRST_LINE in log_path.read_text()):
             first = time.perf_counter() - t0
         time.sleep(0.02)
     wall = time.perf_counter() - t0
@@ -138,6 +160,7 @@ def run_sweep(tree: Path, work: Path, extra: list[str], multirun: bool,
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} (in {tree}) exited {proc.returncode}:\n{text[-3000:]}")
     return {"wall_s": wall, "cpu_s": cpu, "first_result_s": first,
+            "cpu_by_kind": meter.cpu_by_kind(),
             "peak_rss_mib": meter.peak_rss_mib, "log": text, "out": out}
 
 
@@ -193,6 +216,7 @@ def measure(tree: Path, work: Path, probes: bool) -> dict[str, float]:
         "single_cpu_s": single["cpu_s"],
         "grid_wall_s": big["wall_s"], "grid_cpu_s": big["cpu_s"],
         "grid_first_result_s": big["first_result_s"],
+        **{f"grid_cpu_{kind}_s": v for kind, v in big["cpu_by_kind"].items()},
         "small_wall_s": small["wall_s"], "small_cpu_s": small["cpu_s"],
         "cpu_per_point_s": slope, "cpu_fixed_s": big["cpu_s"] - 20 * slope,
         "bare_cpu_per_point_s": b["cpu_s"], "bare_wall_per_point_s": b["wall_s"],
@@ -210,6 +234,9 @@ def measure(tree: Path, work: Path, probes: bool) -> dict[str, float]:
 ROWS = [
     ("grid_wall_s", "20-point grid, wall s", "{:.2f}"),
     ("grid_cpu_s", "20-point grid, CPU s (all processes)", "{:.2f}"),
+    ("grid_cpu_driver_s", "  of it the driver", "{:.2f}"),
+    ("grid_cpu_actors_s", "  the actors", "{:.2f}"),
+    ("grid_cpu_ray_s", "  Ray's other processes", "{:.2f}"),
     ("grid_first_result_s", "20-point grid, first result s", "{:.2f}"),
     ("small_wall_s", "4-point grid, wall s", "{:.2f}"),
     ("cpu_per_point_s", "CPU s per point (slope 4 -> 20)", "{:.3f}"),
@@ -226,6 +253,8 @@ ROWS = [
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compare", metavar="REV", help="also measure git revision REV")
+    ap.add_argument("--compare-dir", metavar="DIR", type=Path,
+                    help="also measure the source tree DIR (e.g. a copy with other changes)")
     ap.add_argument("--repeat", type=int, default=1, help="measurements per implementation")
     ap.add_argument("--probes", action="store_true", help="also run a capacity search")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
@@ -237,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         subprocess.run(["git", "worktree", "add", "--detach", str(wt), args.compare], cwd=REPO,
                        check=True, capture_output=True)
         trees[args.compare] = wt
+    if args.compare_dir:
+        trees[str(args.compare_dir)] = args.compare_dir.resolve()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     try:
         for i in range(args.repeat):  # alternate, so both see the same machine load

@@ -8,9 +8,11 @@ One owner for the choice (:func:`collective_source`):
 2. **an ASTRA-Sim binary**, when the deployment asks for one (``cluster.comm_backend``);
 3. **aiconfigurator's measured tables** (optional extra ``[aiconfigurator]``), when the GPU has
    an aiconfigurator system: vLLM's all-reduce as its collector timed it
-   (``custom_allreduce_perf.parquet``, vLLM 0.19.0 where the system has it, the engine's
-   vLLM version; else the system's own), the CUDA-graph timing for steps vLLM runs captured
-   and the eager one above; NCCL's ``all_gather`` / ``reduce_scatter`` for the collectives
+   (``custom_allreduce_perf.parquet``: the collector, ``collect_all_reduce.py``, times
+   ``vllm.distributed.communication_op.tensor_model_parallel_all_reduce``, so vLLM's own
+   choice between its custom kernel and NCCL by message size is in the numbers; vLLM 0.19.0
+   where the system has it, the engine's vLLM version, else the system's own), the
+   CUDA-graph timing for steps vLLM runs captured and the eager one above; NCCL's ``all_gather`` / ``reduce_scatter`` for the collectives
    around MoE (vLLM 0.19's default all2all backend, ``allgather_reducescatter``,
    ``vllm/distributed/device_communicators/all2all.py``). A collective over a GPU count the
    tables lack (beyond one node) falls back to the analytical model;

@@ -3,10 +3,11 @@
 * :mod:`profiles.roofline.generate`: writes and caches a bundle for one (hardware, model, TP)
   (``ensure_bundle``, ``generate_bundle``, ``bundle_key``, ``cache_dir``, re-exported here);
 * :mod:`profiles.roofline.cost`: per-rank FLOPs and HBM bytes of each layer;
-* :mod:`profiles.roofline.factors` (+ ``factors.yaml``): the fitted efficiency factors;
+* :mod:`profiles.roofline.factors` (+ ``factors.yaml``): the fitted efficiency factors, one
+  set per hardware type, and the fallback for hardware without its own;
 * :mod:`profiles.roofline.grid`: the profiler's grids the rows sit on;
-* :mod:`profiles.roofline.fit`: fits the factors to the measured bundles
-  (``python -m profiles.roofline.fit``);
+* :mod:`profiles.roofline.fit`: fits every set, the RTX PRO 6000's to its measured bundles and
+  the other aiconfigurator systems' to NVIDIA's tables (``python -m profiles.roofline.fit``);
 * :mod:`profiles.roofline.check`: error of a generated table against a measured one.
 """
 

@@ -24,6 +24,13 @@ kernels whose whole working set is small run partly from the on-chip L2 cache (t
 times a one-layer model, so small weights and activations are often cache-resident).
 Attention calls without a prefill chunk run a different (split-KV) kernel and use
 ``decode_launch_us`` / ``decode_per_seq_us`` in place of ``launch_us`` / ``per_seq_us``.
+
+The factors file holds one set per hardware type (``systems: {<catalog name>: ...}``):
+the RTX PRO 6000's fitted to its measured bundles, every other aiconfigurator system's
+fitted to NVIDIA's measured vLLM operator tables (``profiles.roofline.fit`` gives both).
+:func:`load_factors` picks the set of the hardware asked for; hardware without its own set
+uses the file's ``hardware_fallback`` entry for it, else ``fallback`` (docs/roofline.md
+gives the choice and its reason).
 """
 
 from __future__ import annotations
@@ -101,9 +108,14 @@ class KernelFactors:
 
 @dataclass(frozen=True, slots=True)
 class RooflineFactors:
-    """One :class:`KernelFactors` per category in :data:`CATEGORIES`."""
+    """One :class:`KernelFactors` per category in :data:`CATEGORIES`, with where they come
+    from: ``system`` (the factors file's set, a catalog hardware name; empty for factors
+    built in code) and ``version`` (the factors file's ``version``). Both are part of the
+    bundle cache key."""
 
     categories: Mapping[str, KernelFactors]
+    system: str = ""
+    version: int = 0
 
     def __post_init__(self) -> None:
         missing = [c for c in CATEGORIES if c not in self.categories]
@@ -127,7 +139,7 @@ class RooflineFactors:
         """A copy with one category's factors swapped."""
         cats = dict(self.categories)
         cats[category] = factors
-        return RooflineFactors(cats)
+        return RooflineFactors(cats, self.system, self.version)
 
     def to_dict(self) -> dict[str, dict[str, float]]:
         return {c: asdict(self.categories[c]) for c in CATEGORIES}
@@ -138,7 +150,9 @@ class RooflineFactors:
         return hashlib.sha256(blob).hexdigest()
 
 
-def factors_from_dict(data: object, source: str = "<dict>") -> RooflineFactors:
+def factors_from_dict(
+    data: object, source: str = "<dict>", system: str = "", version: int = 0
+) -> RooflineFactors:
     """Build factors from ``{"categories": {name: {field: value}}}``."""
     if not isinstance(data, dict) or not isinstance(data.get("categories"), dict):
         raise ConfigError(f"{source}: expected a mapping with a 'categories' mapping")
@@ -151,22 +165,84 @@ def factors_from_dict(data: object, source: str = "<dict>") -> RooflineFactors:
         if bad:
             raise ConfigError(f"{source}: categories.{name} has unknown keys {bad}")
         cats[str(name)] = KernelFactors(**{k: float(v) for k, v in vals.items()})
-    return RooflineFactors(cats)
+    return RooflineFactors(cats, system, version)
 
 
-def load_factors(path: str | Path | None = None) -> RooflineFactors:
-    """Read factors from ``path`` (default: the fitted ``profiles/roofline/factors.yaml``);
-    parsed once per file version (every sweep point asks, and the YAML takes ~70 ms)."""
+@dataclass(frozen=True, slots=True)
+class FactorsFile:
+    """A parsed factors file: one factor set per hardware name, and the fallback rule."""
+
+    version: int
+    systems: Mapping[str, RooflineFactors]
+    fallback: str  # the set used for hardware without its own (and without an alias)
+    hardware_fallback: Mapping[str, str]  # hardware name -> set, for hardware without its own
+
+    def system_for(self, hardware: str | None) -> str:
+        """Name of the factor set that prices ``hardware`` (case-insensitive; None: the
+        fallback)."""
+        if hardware is None:
+            return self.fallback
+        by_lower = {k.lower(): k for k in self.systems}
+        if hardware.lower() in by_lower:
+            return by_lower[hardware.lower()]
+        alias = {k.lower(): v for k, v in self.hardware_fallback.items()}
+        return alias.get(hardware.lower(), self.fallback)
+
+    def for_hardware(self, hardware: str | None) -> RooflineFactors:
+        return self.systems[self.system_for(hardware)]
+
+
+def factors_file_from_dict(data: object, source: str = "<dict>") -> FactorsFile:
+    """Parse a factors file: ``version: 2`` with ``systems``, ``fallback`` and optional
+    ``hardware_fallback``; a ``version: 1`` file (one ``categories`` set) is its own
+    fallback for every hardware."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping")
+    version = data.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ConfigError(f"{source}: version must be an integer, got {version!r}")
+    if "systems" not in data:
+        one = factors_from_dict(data, source, "", version)
+        return FactorsFile(version, {"": one}, "", {})
+    systems = data["systems"]
+    if not isinstance(systems, dict) or not systems:
+        raise ConfigError(f"{source}: systems must be a non-empty mapping of hardware names")
+    sets = {str(name): factors_from_dict(block, f"{source}: systems.{name}", str(name), version)
+            for name, block in systems.items()}
+    fallback = data.get("fallback")
+    if fallback not in sets:
+        raise ConfigError(f"{source}: fallback must name one of the systems {sorted(sets)}, "
+                          f"got {fallback!r}")
+    aliases = data.get("hardware_fallback") or {}
+    if not isinstance(aliases, dict):
+        raise ConfigError(f"{source}: hardware_fallback must map hardware names to systems")
+    for hw, target in aliases.items():
+        if target not in sets:
+            raise ConfigError(f"{source}: hardware_fallback.{hw} names unknown system "
+                              f"{target!r}; known: {sorted(sets)}")
+    return FactorsFile(version, sets, str(fallback), {str(k): str(v) for k, v in aliases.items()})
+
+
+def load_factors_file(path: str | Path | None = None) -> FactorsFile:
+    """The parsed factors file ``path`` (default ``profiles/roofline/factors.yaml``), parsed
+    once per file version (every sweep point asks, and the YAML takes ~70 ms)."""
     p = Path(path) if path is not None else DEFAULT_FACTORS_PATH
     try:
         version = p.stat().st_mtime_ns
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read roofline factors ({exc})") from exc
-    return _parsed_factors(str(p), version)
+    return _parsed_file(str(p), version)
+
+
+def load_factors(path: str | Path | None = None, hardware: str | None = None) -> RooflineFactors:
+    """The factors that price ``hardware`` (a catalog hardware name; its own fitted set, or
+    the file's fallback for it; None: the fallback set) from ``path`` (default: the fitted
+    ``profiles/roofline/factors.yaml``)."""
+    return load_factors_file(path).for_hardware(hardware)
 
 
 @functools.lru_cache(maxsize=8)
-def _parsed_factors(path: str, version: int) -> RooflineFactors:
+def _parsed_file(path: str, version: int) -> FactorsFile:
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
@@ -174,4 +250,4 @@ def _parsed_factors(path: str, version: int) -> RooflineFactors:
         raise ConfigError(f"{p}: cannot read roofline factors ({exc})") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: invalid YAML ({exc})") from exc
-    return factors_from_dict(data, str(p))
+    return factors_file_from_dict(data, str(p))

@@ -9,8 +9,11 @@ layout that ``profiles.bundle`` reads::
 Each row's ``time_us`` is a roofline estimate (see ``profiles.roofline.factors`` for the
 formula) from the layer's per-rank FLOPs and HBM bytes (``profiles.roofline.cost``) against
 the hardware's peak tensor throughput and HBM bandwidth, with efficiency factors and launch
-overheads fitted to the measured RTX PRO 6000 bundles. Rows sit on the profiler's own grids
-(``profiles.roofline.grid``) so interpolation behaves as with a measured bundle.
+overheads fitted per hardware type (``factors.yaml``: the RTX PRO 6000's to its measured
+bundles, the other aiconfigurator systems' to NVIDIA's measured vLLM operator tables; other
+hardware takes the file's fallback set; ``profiles.roofline.factors.load_factors``). Rows
+sit on the profiler's own grids (``profiles.roofline.grid``) so interpolation behaves as
+with a measured bundle.
 
 Layers flagged ``tp_invariant`` and the MoE block are priced from ``tp1`` by the simulator
 (as in the reference), so for ``tp > 1`` the ``tp1`` folder is generated as well.
@@ -20,7 +23,8 @@ bundle directory that gained a TP folder is re-read.
 
 :func:`ensure_bundle` caches bundles under ``$SERVESWEEP_CACHE`` (default
 ``~/.cache/servesweep/bundles``), keyed by a hash of the hardware and model specs, the
-factors, the grid and the generator version, so any change regenerates.
+factors (their values, the factor set's system and the factors file's version), the grid and
+the generator version, so any change regenerates.
 """
 
 from __future__ import annotations
@@ -281,6 +285,8 @@ def _meta(
         "roofline": {
             "cache_key": bundle_key(hardware, model, factors, grid),
             "factors_sha256": factors.digest(),
+            "factors_system": factors.system,
+            "factors_version": factors.version,
             "weight_bytes": precision.weight_bytes,
             "kv_bytes": precision.kv_bytes,
             "fp8_compute": precision.fp8_compute,
@@ -328,7 +334,7 @@ def generate_bundle(
     layers and the MoE block from it) and (re)writes ``meta.yaml`` listing every ``tp*``
     folder present. Other TP folders already there are left alone.
     """
-    factors = factors if factors is not None else load_factors()
+    factors = factors if factors is not None else load_factors(hardware=hardware.name)
     grid = grid if grid is not None else GridSpec()
     precision = parse_variant(variant)
     RankShape.of(model, tp)  # validate the split before writing anything
@@ -369,6 +375,8 @@ def bundle_key(
             "hardware": asdict(hardware),
             "model": asdict(model),
             "factors": factors.to_dict(),
+            "factors_system": factors.system,
+            "factors_version": factors.version,
             "grid": asdict(grid if grid is not None else GridSpec()),
         },
         sort_keys=True,
@@ -410,7 +418,7 @@ def ensure_bundle(
     The bundle lives at ``<cache>/<bundle_key>/<hardware>/<org>/<model>/<variant>``; load it
     with ``load_bundle(returned_path)`` or with root ``<cache>/<bundle_key>``.
     """
-    factors = factors if factors is not None else load_factors()
+    factors = factors if factors is not None else load_factors(hardware=hardware.name)
     grid = grid if grid is not None else GridSpec()
     root = (cache if cache is not None else cache_dir()) / bundle_key(hardware, model, factors, grid)
     vdir = variant_dir(root, hardware, model, variant)

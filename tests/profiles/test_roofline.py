@@ -250,3 +250,83 @@ def test_factors_validate() -> None:
     with pytest.raises(ConfigError):
         f.for_layer("no_such_layer")
     assert len(f.digest()) == 64
+
+
+# ----------------------------------------------------------------------------- factor sets
+
+
+def _write_factors_file(path: Path, systems: dict[str, dict], fallback: str,
+                        aliases: dict[str, str] | None = None, version: int = 2) -> Path:
+    base = load_factors().to_dict()
+    body = {"version": version, "fallback": fallback, "hardware_fallback": aliases or {},
+            "systems": {name: {"categories": {**base, **cats}} for name, cats in systems.items()}}
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def test_committed_file_has_a_set_per_aiconfigurator_system() -> None:
+    from profiles.roofline.factors import load_factors_file
+    from profiles.roofline.fit import FALLBACK, HARDWARE_FALLBACK, MEASURED_HARDWARE
+
+    f = load_factors_file()
+    assert f.fallback == FALLBACK == MEASURED_HARDWARE
+    assert dict(f.hardware_fallback) == HARDWARE_FALLBACK
+    for name in ("RTXPRO6000", "H100-SXM", "H200", "B200", "B300", "GB200", "GB300", "L40S",
+                 "A100-80G"):
+        s = load_factors(hardware=name)
+        assert s.system == name and s.version == f.version >= 2
+    # Catalog hardware without its own set: the documented fallback for it.
+    assert load_factors(hardware="RTX4090").system == "L40S"
+    assert load_factors(hardware="no-such-gpu").system == MEASURED_HARDWARE
+    assert load_factors(hardware="h100-sxm").system == "H100-SXM"  # case-insensitive
+    # Categories aiconfigurator has no table for are the measured set's, for every system.
+    rtx = load_factors(hardware="RTXPRO6000").categories
+    for name in f.systems:
+        for cat in ("norm", "head_norm", "rotary", "activation", "embedding", "sampler"):
+            assert f.systems[name].categories[cat] == rtx[cat], (name, cat)
+
+
+def test_roofline_prices_with_its_hardwares_factors(tmp_path: Path) -> None:
+    h100 = load_hardware("H100-SXM")
+    vdir = ensure_bundle(h100, LLAMA, 1, cache=tmp_path)
+    meta = yaml.safe_load((vdir / "meta.yaml").read_text())["roofline"]
+    own = load_factors(hardware="H100-SXM")
+    assert meta["factors_system"] == "H100-SXM" and meta["factors_version"] == own.version
+    assert meta["factors_sha256"] == own.digest()
+    assert vdir.parents[3] == tmp_path / bundle_key(h100, LLAMA, own)
+    fallback = ensure_bundle(h100, LLAMA, 1, factors=load_factors(), cache=tmp_path)
+    assert fallback != vdir
+    a = pd.read_csv(vdir / "tp1" / "dense.csv")["time_us"]
+    b = pd.read_csv(fallback / "tp1" / "dense.csv")["time_us"]
+    assert not np.array_equal(a.to_numpy(), b.to_numpy())
+
+
+def test_cache_key_covers_factor_set_and_file_version() -> None:
+    f = load_factors()
+    same_values = [dataclasses.replace(f, system=s, version=v)
+                   for s, v in (("A", 2), ("B", 2), ("A", 3))]
+    keys = {bundle_key(HW, LLAMA, x) for x in [f, *same_values]}
+    assert len(keys) == 4  # equal numbers, different provenance: never the same cache entry
+
+
+def test_factors_file_selection_and_errors(tmp_path: Path) -> None:
+    from profiles.roofline.factors import load_factors_file
+
+    gemm = {"gemm": {**load_factors().to_dict()["gemm"], "launch_us": 7.0}}
+    path = _write_factors_file(tmp_path / "f.yaml", {"BASE": {}, "FAST": gemm}, "BASE",
+                               {"OTHER": "FAST"})
+    assert load_factors(path, "FAST").categories["gemm"].launch_us == 7.0
+    assert load_factors(path, "OTHER").system == "FAST"
+    assert load_factors(path, "unknown").system == "BASE"
+    assert load_factors(path).system == "BASE"
+    assert load_factors_file(path).version == 2
+    bad = _write_factors_file(tmp_path / "bad.yaml", {"BASE": {}}, "MISSING")
+    with pytest.raises(ConfigError, match="fallback"):
+        load_factors(bad)
+    alias = _write_factors_file(tmp_path / "alias.yaml", {"BASE": {}}, "BASE", {"X": "NOPE"})
+    with pytest.raises(ConfigError, match="hardware_fallback.X"):
+        load_factors(alias)
+    # A version-1 file (one `categories` set) prices every hardware.
+    v1 = tmp_path / "v1.yaml"
+    v1.write_text(yaml.safe_dump({"version": 1, "categories": load_factors().to_dict()}))
+    assert load_factors(v1, "H100-SXM").categories == load_factors().categories

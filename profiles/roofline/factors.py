@@ -178,18 +178,34 @@ class FactorsFile:
     hardware_fallback: Mapping[str, str]  # hardware name -> set, for hardware without its own
 
     def system_for(self, hardware: str | None) -> str:
-        """Name of the factor set that prices ``hardware`` (case-insensitive; None: the
-        fallback)."""
+        """Name of the factor set that prices ``hardware``: a set of that name, or of the
+        catalog hardware it is an alias of (``H100`` -> ``H100-SXM``, as front ends that keep
+        the reference's names pass it), else its ``hardware_fallback`` entry, else the
+        fallback. Case-insensitive; None: the fallback."""
         if hardware is None:
             return self.fallback
         by_lower = {k.lower(): k for k in self.systems}
-        if hardware.lower() in by_lower:
-            return by_lower[hardware.lower()]
-        alias = {k.lower(): v for k, v in self.hardware_fallback.items()}
-        return alias.get(hardware.lower(), self.fallback)
+        aliases = {k.lower(): v for k, v in self.hardware_fallback.items()}
+        for name in (hardware, _catalog_name(hardware)):
+            if name is not None and name.lower() in by_lower:
+                return by_lower[name.lower()]
+        for name in (hardware, _catalog_name(hardware)):
+            if name is not None and name.lower() in aliases:
+                return aliases[name.lower()]
+        return self.fallback
 
     def for_hardware(self, hardware: str | None) -> RooflineFactors:
         return self.systems[self.system_for(hardware)]
+
+
+def _catalog_name(hardware: str) -> str | None:
+    """The catalog's canonical name for a hardware name or alias, None when not in it."""
+    from profiles.catalog import load_hardware  # the catalog reads YAML files: import late
+
+    try:
+        return load_hardware(hardware).name
+    except ConfigError:
+        return None
 
 
 def factors_file_from_dict(data: object, source: str = "<dict>") -> FactorsFile:

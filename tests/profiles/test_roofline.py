@@ -264,7 +264,7 @@ def _write_factors_file(path: Path, systems: dict[str, dict], fallback: str,
     return path
 
 
-def test_committed_file_has_a_set_per_aiconfigurator_system() -> None:
+def test_committed_file_has_a_set_per_aiconfigurator_system(tmp_path: Path) -> None:
     from profiles.roofline.factors import load_factors_file
     from profiles.roofline.fit import FALLBACK, HARDWARE_FALLBACK, MEASURED_HARDWARE
 
@@ -279,6 +279,15 @@ def test_committed_file_has_a_set_per_aiconfigurator_system() -> None:
     assert load_factors(hardware="RTX4090").system == "L40S"
     assert load_factors(hardware="no-such-gpu").system == MEASURED_HARDWARE
     assert load_factors(hardware="h100-sxm").system == "H100-SXM"  # case-insensitive
+    # A catalog alias (the reference cluster configs say "H100") picks the catalog GPU's set,
+    # also for a spec built outside the catalog under that name.
+    assert load_factors(hardware="H100").system == "H100-SXM"
+    assert load_factors(hardware="A100").system == "A100-80G"
+    assert load_factors(hardware="RTX-4090").system == "L40S"
+    reference_h100 = dataclasses.replace(load_hardware("H100-SXM"), name="H100", mem_gib=80.0)
+    meta = yaml.safe_load((ensure_bundle(reference_h100, LLAMA, 1, cache=tmp_path)
+                           / "meta.yaml").read_text())
+    assert meta["roofline"]["factors_system"] == "H100-SXM"
     # Categories aiconfigurator has no table for are the measured set's, for every system.
     rtx = load_factors(hardware="RTXPRO6000").categories
     for name in f.systems:

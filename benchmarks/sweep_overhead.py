@@ -92,7 +92,7 @@ class TreeMeter:
             try:
                 stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 self._cpu[pid] = (int(stat[11]) + int(stat[12])) / self.TICK  # utime + stime
-                if pid not in self._kind:
+                if self._kind.get(pid, "ray") == "ray":  # a worker is named once it hosts an actor
                     title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
                     self._kind[pid] = ("driver" if pid == self._root else
                                        "actors" if title.startswith(("ray::JobRunner",

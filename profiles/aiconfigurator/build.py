@@ -96,7 +96,7 @@ from profiles.roofline.grid import (
     per_sequence_counts,
 )
 
-GENERATOR_VERSION = 6
+GENERATOR_VERSION = 7
 GENERATOR = "servesweep.profiles.aiconfigurator"
 
 # GEMM layers of the dense / per-sequence tables: (n, k) of the rank's weight.
@@ -365,7 +365,8 @@ def _meta(b: _Builder, tps: list[int], key: str,
             "layers": dict(sorted(b.sources.items())),
             "cache_key": key,
         },
-        "roofline": {"factors_sha256": b.factors.digest(), "hardware_spec": asdict(b.hw)},
+        "roofline": {"factors_sha256": b.factors.digest(), "factors_system": b.factors.system,
+                     "hardware_spec": asdict(b.hw)},
         "skew_fit": _skew_block(b, tps, previous),
     }
 
@@ -428,7 +429,8 @@ def ensure_bundle(hardware: HardwareSpec, model: ModelSpec, tp: int, variant: st
     """
     systems_dir()  # the package (extra [aiconfigurator], pinned version) before any work
     system = system or system_for(hardware.name)
-    factors = factors if factors is not None else load_factors()
+    # the roofline rows and ratios with this GPU's own factor set (profiles.roofline.factors)
+    factors = factors if factors is not None else load_factors(hardware=hardware.name)
     grid = grid if grid is not None else GridSpec()
     RankShape.of(model, tp)  # validate the split before any work
     key = bundle_key(hardware, model, variant, system, factors, grid)

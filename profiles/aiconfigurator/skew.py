@@ -31,9 +31,9 @@ system's own uniform tables (:class:`CtaCost`), the slot count from the GPU
 (:data:`KERNEL_LIMITS`). alpha of one batch is ``(T(skewed) - T(all at the mean)) /
 (T(all at the max) - T(all at the mean))`` in the model's own times (the uniform tables'
 launch cost cancels; the derived attention table supplies t_mean and t_max); the bucket
-table is the
-weighted least-squares alpha per bucket over a design of two-level batches (a share of the
-requests at 4x the KV of the rest), the layout the measured bundles' skew profiles use.
+table is the weighted least-squares alpha per bucket over a design of two-level batches (a
+share of the requests at 4x the KV of the rest), the layout the measured bundles' skew
+profiles use.
 
 For the FA3 (Hopper) and FlashInfer (datacenter Blackwell) lanes the same CTA / wave model is
 an assumption: their decode schedulers split KV as well and balance at least as evenly.
@@ -64,8 +64,8 @@ KERNEL_LIMITS: dict[str, tuple[int, int]] = {
     "h200_sxm": (132, 228),
     "b200_sxm": (148, 228),  # GB100, CC 10.0
     "gb200": (148, 228),
-    "b300_sxm": (148, 228),  # assumption: same per-GPU SM budget as B200
-    "gb300": (148, 228),
+    "b300_sxm": (160, 228),  # Blackwell Ultra, CC 10.3: 160 SMs (NVIDIA's "Inside NVIDIA
+    "gb300": (160, 228),  # Blackwell Ultra" developer blog, 2025)
 }
 
 # FlashAttention 2 forward: 4 warps (128 threads) per CTA; the kernel's register use caps it

@@ -50,8 +50,9 @@ from analysis.metrics import (
 from analysis.scenario import reference_plan, resolve_model
 from analysis.server_args import read_server_args
 from analysis.server_log import check_against, read_server_log
+from engine.frontend import FRONTEND_MODES, FrontEndSpec
 from engine.results import SimulationResult
-from engine.simulate import simulate_cluster, simulate_deployment
+from engine.simulate import simulate_deployment
 from engine.specs import GIB, ConfigError, EngineConfig, ModelSpec, SettingError
 from engine.workload import RequestSpec
 from profiles.catalog import load_hardware, model_from_hf_config
@@ -155,6 +156,9 @@ def _folder_setup(truth: Path, workload: str | Path | None, profiles: str | Path
         reference_dp=reference_dp,
         bundle=_bundle(profiles) if derived else None,
     )
+    # The shared runs drove vLLM's AsyncLLM in the client's own process with token ids
+    # (meta.json's engine_kwargs): no HTTP, no tokenising, the engine core's intake.
+    plan = replace(plan, frontend=FrontEndSpec(mode="in_process"))
     _check_parallelism(gt, recorded, plan)
     limit = gt.meta.get("num_requests")
     requests = read_jsonl(workload, limit=int(limit) if limit else None)
@@ -261,6 +265,7 @@ def run_validation(
     hardware: str | None = None,
     num_gpu_blocks: int | None = None,
     server_log: str | Path | None = None,
+    frontend: str | None = None,
 ) -> ValidationRun:
     """Replay ``truth`` and compare (the 15 ``VALIDATION_METRICS``).
 
@@ -272,7 +277,9 @@ def run_validation(
     (``report["failed_requests"]``). ``profiles`` is a measured-bundle root, ``"roofline"``
     or ``"aiconfigurator"`` for generated bundles (the report's ``bundle_sources`` names each
     instance's source). ``reference_dp`` prices DP rounds as the reference does (see
-    ``analysis.scenario.build_reference_cluster``) instead of as vLLM runs them."""
+    ``analysis.scenario.build_reference_cluster``) instead of as vLLM runs them. ``frontend``
+    overrides the front end the truth implies (``engine.frontend.FRONTEND_MODES``; a folder:
+    ``in_process``, a bench result: ``api_server``), e.g. ``none`` for the reference's clock."""
     path = Path(truth)
     if path.is_file() or path.suffix == ".json":
         if reference_dp:
@@ -291,17 +298,14 @@ def run_validation(
         setup = _folder_setup(path, workload, profiles, model_config=model_config, base=base,
                               reference_dp=reference_dp)
     plan = setup.plan
+    if frontend is not None:
+        plan = replace(plan, frontend=FrontEndSpec(mode=frontend))
     build = assemble(plan)
     sources = bundle_sources(plan)
     requests = setup.requests
 
     t0 = time.perf_counter()
-    if setup.sim_view == "client":  # the deployment's front end between client and engine
-        result = simulate_deployment(build, requests)
-    else:
-        result = simulate_cluster(
-            build.instances, requests, kv_transfer_ns=build.kv_transfer_ns, dp_pad=build.dp_pad
-        )
+    result = simulate_deployment(build, requests)  # with the truth's front end
     sim_metrics = compute_metrics(result.requests, view=setup.sim_view)
     wall_s = time.perf_counter() - t0
 
@@ -368,6 +372,7 @@ def run_validation(
         "time_anchor": setup.time_anchor,
         "view": {"truth": setup.truth_view, "sim": setup.sim_view},
         "reference_dp": reference_dp,
+        "frontend": plan.frontend.mode if plan.frontend is not None else "none",
         "bundle_source": ", ".join(dict.fromkeys(sources.values())),
         "bundle_sources": sources,
         "comm_sources": comm_sources(plan),
@@ -424,6 +429,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"host-side cost per step (default {EngineConfig().step_overhead_us})",
     )
     p.add_argument(
+        "--frontend", choices=FRONTEND_MODES, default=None,
+        help="the front end between client and engine (default: what the truth implies: "
+        "in_process for a ground-truth folder, api_server for a vllm bench serve result; "
+        "none: the client sees the engine's instants, as the reference simulator)",
+    )
+    p.add_argument(
         "--reference-dp",
         action="store_true",
         help="DP rounds as the reference simulator prices them (every batch padded to the "
@@ -442,6 +453,7 @@ def main(args: argparse.Namespace) -> int:
         args.truth, args.workload, args.profiles, model_config=args.model_config, base=base,
         reference_dp=args.reference_dp, server_args=args.server_args, hardware=args.hardware,
         num_gpu_blocks=args.num_gpu_blocks, server_log=args.server_log,
+        frontend=args.frontend,
     )
     for name, source in run.report["bundle_sources"].items():
         print(f"profiles: {name}: {source}")

@@ -10,23 +10,24 @@ between in one Python process per engine (``vllm serve`` with the default
   ``AsyncLLM.add_request`` (``vllm/v1/engine/async_llm.py``) runs the ``InputProcessor``, builds
   an ``EngineCoreRequest`` and sends it msgpack-encoded over ZMQ to the engine-core process,
   whose input thread decodes it for the busy loop (``vllm/v1/engine/core.py``). Cost: a fixed
-  part (``frontend_request_us``; with HTTP ``frontend_http_request_us`` on top) plus
-  ``frontend_tokenize_us_per_token`` per prompt token when the prompt arrives as text.
+  part (``request_us``; with HTTP ``http_request_us`` on top) and a part per prompt token
+  (``request_us_per_prompt_token``, plus ``tokenize_us_per_token`` when the prompt arrives as
+  text); the engine core's intake (``intake_us`` and per prompt token) follows in its own
+  thread.
 - **Tokens out**: after each step the engine core sends one ``EngineCoreOutputs`` message;
   the API server's ``output_handler`` task decodes it and runs
   ``OutputProcessor.process_outputs`` (``vllm/v1/engine/output_processor.py``: incremental
   detokenisation, ``RequestOutput``, the request's queue) in chunks of
   ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE``; each request's streaming generator then formats its SSE
-  chunk and writes it. Cost: ``frontend_output_step_us`` per message plus
-  ``frontend_output_token_us`` per request in it (``frontend_stream_token_us`` more with HTTP
-  streaming).
+  chunk and writes it. Cost: ``output_step_us`` per message plus ``output_token_us`` per
+  request in it (``stream_token_us`` more with HTTP streaming).
 
 Because it is one process, this work queues: requests arriving while the server streams the
 tokens of a large batch wait for it (a known vLLM bottleneck at high request rates). The model
 is exactly that: one server, jobs served in the order they arrive, each for its cost. A
-request reaches the engine core ``frontend_ipc_us`` after its job ends; a step's tokens reach
-the server ``frontend_ipc_us`` after the step ends and the client ``frontend_network_us``
-after their job ends (every token of a step when the whole message is processed: the handler
+request reaches the engine core ``ipc_us`` plus its intake after its job ends; a step's tokens
+reach the server ``ipc_us`` after the step ends and the client ``network_us`` after their job
+ends (every token of a step when the whole message is processed: the handler
 yields to the streaming generators only between chunks).
 
 Modes (``FrontEndSpec.mode``): ``api_server`` (``vllm serve`` with an HTTP client sending
@@ -56,23 +57,42 @@ _REQUEST, _OUTPUT = 0, 1
 
 @dataclass(frozen=True, slots=True)
 class FrontEndSpec:
-    """The front end of every engine of a deployment: its mode and the cost of each job (µs).
+    """The front end of every engine of a deployment: its mode and the cost of each part (µs).
 
-    The one definition of these figures; their evidence is in docs/frontend.md. ``mode``
-    selects which parts apply (module docstring): ``http_request_us``,
+    The one definition of these figures. The defaults are vLLM 0.19.1's own code paths timed
+    in CPU time by ``benchmarks/frontend_costs.py`` (docs/frontend.md, "Measured costs": the
+    minimum over 9 repeats on this repository's 2-core Xeon; run-to-run spread up to 25 %).
+    ``mode`` selects which parts apply (module docstring): ``http_request_us``,
     ``tokenize_us_per_token``, ``stream_token_us`` and ``network_us`` only with
-    ``api_server``.
+    ``api_server``. ``ipc_us`` and ``network_us`` (the ZMQ hop, the client's link) were not
+    measured and default to 0; set them for a remote client or a measured host.
     """
 
     mode: str = "api_server"
-    request_us: float = 0.0  # AsyncLLM.add_request: InputProcessor, EngineCoreRequest, msgpack
-    http_request_us: float = 0.0  # HTTP + OpenAI request parsing / validation, response setup
-    tokenize_us_per_token: float = 0.0  # HF fast tokenizer, per prompt token of a text prompt
-    output_step_us: float = 0.0  # per EngineCoreOutputs message: decode, handler, stats
-    output_token_us: float = 0.0  # per request-token: OutputProcessor, detokenise, queue
-    stream_token_us: float = 0.0  # per request-token: SSE chunk (pydantic model, JSON), write
-    ipc_us: float = 0.0  # API server <-> engine core over ZMQ, one way
-    network_us: float = 0.0  # client <-> API server, one way
+    # AsyncLLM.add_request: InputProcessor.process_inputs, OutputProcessor.add_request,
+    # msgpack of the EngineCoreRequest (40 % of the measured 126 µs request path at P = 100).
+    request_us: float = 50.0
+    # The request path's growth with the prompt (not tokenising): pydantic/JSON over the text,
+    # the prompt-id checks, the detokenizer's priming, msgpack of the ids.
+    request_us_per_prompt_token: float = 0.090
+    # JSON body -> CompletionRequest, tokenisation parameters, SamplingParams, the renderer
+    # (60 % of the 126 µs). Not in it: uvicorn / Starlette (not installed, not measured).
+    http_request_us: float = 76.0
+    # tokenizer.encode of a text prompt, byte-level BPE with Llama 3's 128,256-token vocabulary.
+    tokenize_us_per_token: float = 3.36
+    # The engine core's input thread: msgpack decode and Request.from_engine_core_request with
+    # the prefix-caching block hashes (runs beside the API server, before the scheduler).
+    intake_us: float = 24.0
+    intake_us_per_prompt_token: float = 0.19
+    # One output_handler iteration (stats logging on, vllm serve's default): fixed, and per
+    # request that got a token (detokenise, RequestOutput, the collector, stat loggers).
+    output_step_us: float = 27.0
+    output_token_us: float = 12.6
+    # Per request-token of a stream: waking its task, the CompletionStreamResponse chunk
+    # (model_dump_json) and its SSE framing. Not in it: the ASGI send / socket write.
+    stream_token_us: float = 17.1
+    ipc_us: float = 0.0  # API server <-> engine core over ZMQ, one way (not measured)
+    network_us: float = 0.0  # client <-> API server, one way (not measured; loopback ~0)
 
     def __post_init__(self) -> None:
         if self.mode not in FRONTEND_MODES:
@@ -97,7 +117,10 @@ class FrontEndSpec:
 
         return FrontEndCosts(
             request_ns=ns(self.request_us + (self.http_request_us if http else 0.0)),
-            tokenize_ns_per_token=self.tokenize_us_per_token * _NS_PER_US if http else 0.0,
+            request_ns_per_token=(self.request_us_per_prompt_token
+                                  + (self.tokenize_us_per_token if http else 0.0)) * _NS_PER_US,
+            intake_ns=ns(self.intake_us),
+            intake_ns_per_token=self.intake_us_per_prompt_token * _NS_PER_US,
             output_step_ns=ns(self.output_step_us),
             output_token_ns=ns(self.output_token_us + (self.stream_token_us if http else 0.0)),
             ipc_ns=ns(self.ipc_us),
@@ -107,10 +130,12 @@ class FrontEndSpec:
 
 @dataclass(frozen=True, slots=True)
 class FrontEndCosts:
-    """Per-job costs of one API server, integer ns (see the module docstring)."""
+    """Per-job costs of one API server, ns (see the module docstring)."""
 
-    request_ns: int  # fixed work per request
-    tokenize_ns_per_token: float  # per prompt token (0: the client sends token ids)
+    request_ns: int  # the server's fixed work per request
+    request_ns_per_token: float  # its work per prompt token (tokenising included for text)
+    intake_ns: int  # the engine core's input thread, per request (not the server's work)
+    intake_ns_per_token: float  # ... per prompt token
     output_step_ns: int  # per EngineCoreOutputs message
     output_token_ns: int  # per request-token in a message
     ipc_ns: int  # API server <-> engine core, one way
@@ -149,8 +174,10 @@ class ApiServer:
     def submit(self, send_ns: int, prompt_len: int, request: object, member: object) -> None:
         """Queue ``request`` (for ``member``) sent by the client at ``send_ns``."""
         c = self.costs
-        cost = c.request_ns + round(c.tokenize_ns_per_token * prompt_len)
-        self._push(send_ns + c.network_ns, cost, _REQUEST, request, member)
+        cost = c.request_ns + round(c.request_ns_per_token * prompt_len)
+        # After the server's job: the socket hop and the engine core's intake of it.
+        after = c.ipc_ns + c.intake_ns + round(c.intake_ns_per_token * prompt_len)
+        self._push(send_ns + c.network_ns, cost, _REQUEST, request, (member, after))
 
     def outputs(self, key: int, step: int, end_ns: int, num_tokens: int) -> None:
         """The output message of step ``step`` of member ``key``: sent when the step ends at
@@ -182,5 +209,6 @@ class ApiServer:
             if kind == _OUTPUT:  # the client receives the step's tokens
                 a[b] = self.free_at + c.network_ns  # type: ignore[index]
             else:
-                handed.append((self.free_at + c.ipc_ns, a, b))
+                member, after = b  # type: ignore[misc]
+                handed.append((self.free_at + after, a, member))
         return handed

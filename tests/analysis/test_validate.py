@@ -41,15 +41,16 @@ def test_llama8b_matches_vllm_within_targets(shared_data: Path) -> None:
 
 
 def test_reference_clock_reproduces_reference_simulator_token_for_token(shared_data: Path) -> None:
-    """With the reference's clock semantics (synchronous steps, no host overhead) every
-    token time equals LLMServingSim's own prediction (peer_sim/sim.csv) to the nanosecond:
-    same batches, same per-iteration latency."""
+    """With the reference's clock semantics (synchronous steps, no host overhead, no front
+    end) every token time equals LLMServingSim's own prediction (peer_sim/sim.csv) to the
+    nanosecond: same batches, same per-iteration latency."""
     truth, workload, profiles = _paths(shared_data)
     run = validate_mod.run_validation(
         truth,
         workload,
         profiles,
         base=EngineConfig(async_scheduling=False, step_overhead_us=0.0),
+        frontend="none",
     )
     ours = run.result.requests
     ref = pd.read_csv(truth / "peer_sim" / "sim.csv").sort_values("request id")

@@ -56,3 +56,21 @@ def table_errors(measured_dir: Path, generated_dir: Path, label: str) -> list[Er
     return out
 
 
+
+
+def attention_split_errors(measured_dir: Path, generated_dir: Path, label: str) -> list[ErrorRow]:
+    """Attention error rows split by where an aiconfigurator bundle's row comes from:
+    ``decode`` and ``prefill, no history`` are its tables' own rows; ``prefill, history`` and
+    ``mixed`` are those rows scaled by roofline ratios (profiles.aiconfigurator.build)."""
+    keys = _KEYS["attention"]
+    joined = pd.read_csv(measured_dir / "attention.csv").merge(
+        pd.read_csv(generated_dir / "attention.csv"), on=keys, suffixes=("_m", "_g"))
+    ratio = (joined["time_us_g"] / joined["time_us_m"]).to_numpy()
+    pc, kp, nd = (joined[k].to_numpy() for k in ("prefill_chunk", "kv_prefill", "n_decode"))
+    parts = {
+        "decode": pc == 0,
+        "prefill, no history": (pc > 0) & (nd == 0) & (kp == 0),
+        "prefill, history": (pc > 0) & (nd == 0) & (kp > 0),
+        "mixed": (pc > 0) & (nd > 0),
+    }
+    return [_summary(label, "attention", name, ratio[mask]) for name, mask in parts.items()]

@@ -178,26 +178,48 @@ def run_cluster(
     fe_members = {i: [(member_index[id(m)], m) for m in units[i].members] for i, _ in fe_units}
     fed = [0] * len(members)
     handoffs: list[tuple[int, int, int, Request]] = []  # (engine arrival, seq, member, req)
+    u_poll = [u.poll for u in units]
+
+    # The event loop's own cost must not grow with the number of units: busy units wait in a
+    # heap by wake time, units with new work are listed as they get it, API servers are
+    # visited when a job reaches them (a heap of their next arrivals; an entry may be stale:
+    # visiting a server with nothing due is harmless).
+    unit_of_member = [unit_index[id(unit_of[id(m)])] for m in members]
+    wake_heap: list[tuple[int, int]] = []  # (wake ns, unit): one entry per busy unit
+    fresh: list[int] = []  # idle units that got work this round
+    fe_due: list[tuple[int, int]] = []  # (next job arrival at its server, unit)
+
+    def mark(ui: int) -> None:
+        if not dirty[ui]:
+            dirty[ui] = True
+            if wake[ui] is None:
+                fresh.append(ui)
+
+    def fe_next(ui: int, fe: ApiServer) -> None:
+        a = fe.next_arrival()
+        if a is not None:
+            heapq.heappush(fe_due, (a, ui))
 
     nxt = 0
     t = requests[0].arrival_ns if n else 0
     while finished < n:
         # The next event: a send, a job reaching an API server, a request reaching its engine,
         # a KV delivery, or a busy unit's step completion.
-        cands = [w for w in wake if w is not None]
-        if nxt < n:
-            cands.append(requests[nxt].arrival_ns)
-        if deliveries:
-            cands.append(deliveries[0][0])
-        if handoffs:
-            cands.append(handoffs[0][0])
-        for _, fe in fe_units:
-            a = fe.next_arrival()
-            if a is not None:
-                cands.append(a)
-        if not cands:
+        t_next = _NO_EVENT
+        if wake_heap:
+            t_next = wake_heap[0][0]
+        if nxt < n and requests[nxt].arrival_ns < t_next:
+            t_next = requests[nxt].arrival_ns
+        if deliveries and deliveries[0][0] < t_next:
+            t_next = deliveries[0][0]
+        if handoffs and handoffs[0][0] < t_next:
+            t_next = handoffs[0][0]
+        if fe_due and fe_due[0][0] < t_next:
+            t_next = fe_due[0][0]
+        if t_next == _NO_EVENT:
             _raise_stuck(units)
-        t = max(t, min(cands))
+        if t_next > t:
+            t = t_next
         while nxt < n and requests[nxt].arrival_ns <= t:
             req = requests[nxt]
             nxt += 1
@@ -205,31 +227,39 @@ def run_cluster(
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
                 req.max_tokens = 1
-            ui = unit_index[id(unit_of[id(m)])]
+            ui = unit_of_member[member_index[id(m)]]
             fe = servers[ui]
             if fe is not None:
                 fe.submit(req.arrival_ns, req.prompt_len, req, m)
+                fe_next(ui, fe)
                 continue
             m.scheduler.add_request(req)
-            dirty[ui] = True
-        for _, fe in fe_units:
-            for when, req, m in fe.run(t):
-                seq += 1
-                heapq.heappush(handoffs, (when, seq, member_index[id(m)], req))
+            mark(ui)
+        if fe_due and fe_due[0][0] <= t:
+            due: set[int] = set()
+            while fe_due and fe_due[0][0] <= t:
+                due.add(heapq.heappop(fe_due)[1])
+            for ui in sorted(due):  # in unit order, as every server was visited before
+                fe = servers[ui]
+                assert fe is not None
+                for when, req, m in fe.run(t):
+                    seq += 1
+                    heapq.heappush(handoffs, (when, seq, member_index[id(m)], req))
+                fe_next(ui, fe)
         while handoffs and handoffs[0][0] <= t:
             when, _, mi, req = heapq.heappop(handoffs)
-            m = members[mi]
             req.arrival_ns = when  # the engine core receives it now
-            m.scheduler.add_request(req)
-            dirty[unit_index[id(unit_of[id(m)])]] = True
+            members[mi].scheduler.add_request(req)
+            mark(unit_of_member[mi])
         while deliveries and deliveries[0][0] <= t:
             _, _, mi, req = heapq.heappop(deliveries)
-            m = members[mi]
-            m.arrived_kv.append(req)
-            dirty[unit_index[id(unit_of[id(m)])]] = True
+            members[mi].arrived_kv.append(req)
+            mark(unit_of_member[mi])
         # The horizon: the earliest time anything outside a unit may reach or read it (the next
-        # arrival or KV delivery; with P/D, a prefill unit's next step end). A unit without a
-        # front end may run steady decode steps before it in bulk (EngineUnit.poll).
+        # send or KV delivery; with P/D, a prefill unit's next step end; behind an API server,
+        # also a request it still holds or is handing over). Before it a unit may run steady
+        # decode steps in bulk (EngineUnit.poll); its output messages then reach the server
+        # ahead of the clock, which serves jobs by arrival, so the order is the same.
         horizon = requests[nxt].arrival_ns if nxt < n else _NO_EVENT
         if deliveries and deliveries[0][0] < horizon:
             horizon = deliveries[0][0]
@@ -237,23 +267,39 @@ def run_cluster(
             w = t if dirty[i] else wake[i]
             if w is not None and w < horizon:
                 horizon = w
-        progressed = False
-        for i, u in enumerate(units):
+        if handoffs and handoffs[0][0] < horizon:
+            horizon = handoffs[0][0]
+        # Units due now, in unit order (as the loop visited them before it kept a heap).
+        polls = fresh
+        fresh = []
+        while wake_heap and wake_heap[0][0] <= t:
+            polls.append(heapq.heappop(wake_heap)[1])
+        if len(polls) > 1:
+            polls.sort()
+        for i in polls:
             w = wake[i]
-            if (w is not None and w <= t) or (w is None and dirty[i]):
-                dirty[i] = False
-                wake[i] = u.poll(t, horizon if servers[i] is None else None)
-                progressed = True
-                fe = servers[i]
-                if fe is not None:
-                    _feed_outputs(fe, fe_members[i], fed)
+            if not ((w is not None and w <= t) or (w is None and dirty[i])):
+                continue  # listed as fresh, then polled at its wake in the same round
+            dirty[i] = False
+            fe = servers[i]
+            h = horizon
+            if fe is not None:
+                pending = fe.next_request_arrival()
+                if pending is not None and pending < h:
+                    h = pending
+            w = wake[i] = u_poll[i](t, h)
+            if w is not None:
+                heapq.heappush(wake_heap, (w, i))
+            if fe is not None:
+                _feed_outputs(fe, fe_members[i], fed)
+                fe_next(i, fe)
         if (
-            not progressed
+            not polls
             and nxt >= n
             and not deliveries
             and not handoffs
-            and all(fe.next_arrival() is None for _, fe in fe_units)
-            and all(w is None for w in wake)
+            and not fe_due
+            and not wake_heap
             and finished < n
         ):
             _raise_stuck(units)

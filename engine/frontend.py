@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, fields
 
 from engine.specs import ConfigError
@@ -153,7 +154,7 @@ class ApiServer:
     reaches their arrival is exact.
     """
 
-    __slots__ = ("costs", "free_at", "_jobs", "_seq", "client_ns", "busy_ns")
+    __slots__ = ("costs", "free_at", "_jobs", "_seq", "_requests", "client_ns", "busy_ns")
 
     def __init__(self, costs: FrontEndCosts) -> None:
         self.costs = costs
@@ -162,6 +163,9 @@ class ApiServer:
         # member), an output job (the member's delivery list, step index).
         self._jobs: list[tuple[int, int, int, int, object, object]] = []
         self._seq = 0
+        # Arrivals of the request jobs not yet served, in order (requests are queued in send
+        # order, so they are served in this order too).
+        self._requests: deque[int] = deque()
         # Per member (keyed by the caller): the client delivery ns of each of its steps
         # (-1: the step streamed nothing).
         self.client_ns: dict[int, list[int]] = {}
@@ -171,6 +175,11 @@ class ApiServer:
         """When the next queued job reaches the server (None: nothing queued)."""
         return self._jobs[0][0] if self._jobs else None
 
+    def next_request_arrival(self) -> int | None:
+        """When the earliest request still held reached (or reaches) the server: no request
+        it holds can reach the engine core before then."""
+        return self._requests[0] if self._requests else None
+
     def submit(self, send_ns: int, prompt_len: int, request: object, member: object) -> None:
         """Queue ``request`` (for ``member``) sent by the client at ``send_ns``."""
         c = self.costs
@@ -178,6 +187,7 @@ class ApiServer:
         # After the server's job: the socket hop and the engine core's intake of it.
         after = c.ipc_ns + c.intake_ns + round(c.intake_ns_per_token * prompt_len)
         self._push(send_ns + c.network_ns, cost, _REQUEST, request, (member, after))
+        self._requests.append(send_ns + c.network_ns)
 
     def outputs(self, key: int, step: int, end_ns: int, num_tokens: int) -> None:
         """The output message of step ``step`` of member ``key``: sent when the step ends at
@@ -211,4 +221,5 @@ class ApiServer:
             else:
                 member, after = b  # type: ignore[misc]
                 handed.append((self.free_at + after, a, member))
+                self._requests.popleft()
         return handed

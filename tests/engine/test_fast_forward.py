@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from engine import EngineConfig, RequestSpec
 from engine.batch import BatchShape
 from engine.deployment import InstanceSpec
+from engine.frontend import FrontEndSpec
 from engine.instance import EngineUnit
 from engine.memory import kv_capacity
 from engine.scheduler import Scheduler
@@ -71,7 +72,7 @@ def _assert_same(a, b, ua, ub) -> None:
     fa, fb = a.requests, b.requests
     assert list(fa.columns) == list(fb.columns)
     for col in fa.columns:
-        if col == "token_times_ns":
+        if col.endswith("token_times_ns"):
             for x, y, rid in zip(fa[col], fb[col], fa["request_id"], strict=True):
                 assert np.array_equal(x, y), rid
         else:
@@ -115,6 +116,10 @@ def settings_(draw):
     sc = draw(scenarios())
     sc["overhead_us"] = draw(st.sampled_from([0.0, 0.0, 150.0]))
     sc["hidden_ms"] = draw(st.sampled_from([0.0, 1.5]))
+    # Behind an API server (engine.frontend): the measured one, or one slow enough that
+    # requests queue behind streaming work.
+    sc["frontend"] = draw(st.sampled_from([None, FrontEndSpec(),
+                                           FrontEndSpec(output_token_us=400.0, ipc_us=30.0)]))
     return sc
 
 
@@ -138,6 +143,8 @@ def test_decode_spans_equal_step_by_step(monkeypatch, sc):
             )
             for s in instances
         ]
+        if sc["frontend"] is not None:
+            kwargs = {**kwargs, "frontend": sc["frontend"]}
         return instances, kwargs
 
     instances, kwargs = deployment()
@@ -158,8 +165,9 @@ def test_decode_spans_ran_in_the_property_test():
 @pytest.mark.parametrize("async_scheduling", [True, False])
 @pytest.mark.parametrize("caching", [True, False])
 @pytest.mark.parametrize("max_num_seqs", [256, 8])  # 8: spans with requests waiting for a seat
+@pytest.mark.parametrize("frontend", [None, FrontEndSpec()])
 def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, async_scheduling,
-                                                  caching, max_num_seqs):
+                                                  caching, max_num_seqs, frontend):
     from profiles.bundle import load_bundle
     from profiles.latency import ProfiledLatencyModel
 
@@ -176,10 +184,11 @@ def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, asyn
         tail = tuple(range(100_000 * (i + 1), 100_000 * (i + 1) + rng.randint(20, 900)))
         prompt = (shared if i % 3 == 0 else ()) + tail
         reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 400)))
-    slow, us = _run([spec], reqs, {}, False, monkeypatch)
+    kwargs = {"frontend": frontend} if frontend is not None else {}
+    slow, us = _run([spec], reqs, kwargs, False, monkeypatch)
     SPANS["steps"] = SPANS["with_queue"] = 0
     _count_spans(monkeypatch)
-    fast, uf = _run([spec], reqs, {}, True, monkeypatch)
+    fast, uf = _run([spec], reqs, kwargs, True, monkeypatch)
     _assert_same(slow, fast, us, uf)
     assert SPANS["steps"] > slow.num_steps // 4, (SPANS, slow.num_steps)
     if max_num_seqs == 8:  # spans ran while requests waited for a seat

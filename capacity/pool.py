@@ -26,7 +26,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-MAX_WORKER_RSS_MIB = 450.0  # a probe worker above this after a probe is replaced
+MAX_WORKER_RSS_MIB = 350.0  # a probe worker above this after a probe is replaced
 _RSS_KEY = "_worker_rss_mib"  # what a worker adds to a probe's result; the pool removes it
 
 

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
 
 from profiles.bundle import DEFAULT_BUCKET_AXES
 from profiles.latency import bucket_label
@@ -231,6 +230,8 @@ def cost_from_uniform(g: KernelGrid, prefill_us, decode_us, prefill_lengths: Seq
         rho = min(1.0, c_compute / c)
         x = np.array([shared_makespan(w, g.slots, rho) for w in work]) / g.block_n
         a = np.stack([np.ones_like(t), x], axis=1) / t[:, None]
+        from scipy.optimize import nnls  # only when a bundle is built (~0.5 s import)
+
         sol, _ = nnls(a, np.ones_like(t))
         c = max(float(sol[1]) if sol[1] > 0 else c, dram_tile_us)
     return CtaCost(c=c, c_compute=c_compute, rows=len(rows))

@@ -29,6 +29,8 @@ def _cfg(*overrides: str):
 
 
 def _run(*overrides: str) -> tuple[dict, pd.DataFrame]:
+    """The point's metrics and per-request table (``send_ns``: the workload's arrival times, as
+    the client sends them; ``arrival_ns`` is when the engine core received each request)."""
     out = job.run_point(_cfg(*overrides))
     return out["metrics"], pd.read_parquet(io.BytesIO(out["requests_parquet"]))
 
@@ -37,7 +39,7 @@ def test_staged(tmp_path):
     m, req = _run("workload=staged", "workload.stages=[{rate:4,duration_s:2},{rate:8,duration_s:1}]",
                   "workload.input_len=64", "workload.output_len=8")
     assert m["completed"] == 16
-    arrivals = sorted(req.arrival_ns.tolist())
+    arrivals = sorted(req.send_ns.tolist())
     assert arrivals == [S // 4 * k for k in range(1, 9)] + [2 * S + S // 8 * k for k in range(1, 9)]
 
 
@@ -84,7 +86,7 @@ def test_azure_trace(tmp_path):
                            for i in range(12)))
     m, req = _run("workload=azure_trace", f"workload.path={p}", "workload.rate_scale=2")
     assert m["completed"] == 12
-    assert sorted(req.arrival_ns) == [i * S // 2 for i in range(12)]
+    assert sorted(req.send_ns) == [i * S // 2 for i in range(12)]
 
 
 def test_burstgpt_trace(tmp_path):
@@ -95,7 +97,7 @@ def test_burstgpt_trace(tmp_path):
     m, req = _run("workload=burstgpt_trace", f"workload.path={p}", "workload.models=[GPT-4]",
                   "workload.time_scale=0.5")
     assert m["completed"] == 5
-    assert sorted(req.arrival_ns) == [S * (1 + 2 * k) for k in range(5)]  # (2 + 4k) s x 0.5
+    assert sorted(req.send_ns) == [S * (1 + 2 * k) for k in range(5)]  # (2 + 4k) s x 0.5
 
 
 def test_mooncake_trace(tmp_path):
@@ -114,7 +116,7 @@ def test_jsonl_trace_rate_scale(tmp_path):
     p.write_text("".join(json.dumps({"input_toks": 20, "output_toks": 3,
                                      "arrival_time_ns": i * S}) + "\n" for i in range(6)))
     m, req = _run("workload=trace", f"workload.path={p}", "workload.rate_scale=4")
-    assert m["completed"] == 6 and sorted(req.arrival_ns) == [i * S // 4 for i in range(6)]
+    assert m["completed"] == 6 and sorted(req.send_ns) == [i * S // 4 for i in range(6)]
 
 
 def test_every_conf_entry_composes_and_names_its_keys():

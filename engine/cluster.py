@@ -122,7 +122,6 @@ def run_cluster(
     ``frontends`` gives each unit its API server (None: requests reach the engine when sent,
     the client sees the engine's instants)."""
     members = [m for u in units for m in u.members]
-    unit_of = {id(m): u for u in units for m in u.members}
     front = [m for m in members if m.role != "decode"]
     decode = [m for m in members if m.role == "decode"]
     if not front:
@@ -141,7 +140,6 @@ def run_cluster(
     finished = 0
     wake: list[int | None] = [None] * len(units)
     dirty = [False] * len(units)
-    unit_index = {id(u): i for i, u in enumerate(units)}
     # P/D: a prefill unit's step end may hand a request to a decode unit (see the horizon).
     prefill_units = [i for i, u in enumerate(units) if any(m.role == "prefill" for m in u.members)]
 
@@ -184,7 +182,7 @@ def run_cluster(
     # heap by wake time, units with new work are listed as they get it, API servers are
     # visited when a job reaches them (a heap of their next arrivals; an entry may be stale:
     # visiting a server with nothing due is harmless).
-    unit_of_member = [unit_index[id(unit_of[id(m)])] for m in members]
+    unit_of_member = [i for i, u in enumerate(units) for _ in u.members]  # as `members`
     wake_heap: list[tuple[int, int]] = []  # (wake ns, unit): one entry per busy unit
     fresh: list[int] = []  # idle units that got work this round
     fe_due: list[tuple[int, int]] = []  # (next job arrival at its server, unit)

@@ -11,15 +11,17 @@ the latency model use it unchanged. Per table (docs/aiconfigurator.md gives the 
   aiconfigurator's own memory-op model: its constant latency plus bytes at
   ``mem_bw * mem_bw_empirical_scaling_factor``).
 - **Attention** (the 4-D table): a prefill chunk is aiconfigurator's batch-1 prefill of the
-  chunk; its KV history (which the tables do not sweep) scales it by the roofline model's
-  ratio t(chunk, history) / t(chunk, 0). A set of decodes is aiconfigurator's decode table at
+  chunk plus what its KV history (which the tables do not sweep) adds in the roofline model,
+  t(chunk, history) - t(chunk, 0). A set of decodes is aiconfigurator's decode table at
   (decodes, KV length), never below the table's own time at its shortest KV length plus the
   DRAM time of the additional KV (the tables run below DRAM speed for KV sets that stay in
-  the collector's L2 cache; a serving step's KV does not). A call holding both is
-  the sum of its parts times the roofline's ratio t(mixed) / (t(prefill) + t(decodes)): the
-  vLLM FlashAttention varlen call that runs them together re-reads each decode's K/V per
-  query head and launches empty query tiles, which aiconfigurator's separate prefill and
-  decode tables cannot show; never below either part alone.
+  the collector's L2 cache; a serving step's KV does not). A call holding both is the sum of
+  its parts plus the roofline's interaction t(mixed) - t(prefill) - t(decodes): the vLLM
+  FlashAttention varlen call that runs them together re-reads each decode's K/V per query
+  head and launches empty query tiles, which aiconfigurator's separate prefill and decode
+  tables cannot show; never below either part alone. Both roofline terms are differences,
+  added in µs, so the roofline's error on the parts (which aiconfigurator measures) cancels
+  and a per-call fixed cost is not scaled by the history or the decodes.
 - **MoE** (``tp1/moe.csv``): aiconfigurator's fused-MoE table (MoE TP = EP = 1, balanced
   routing) at the token count; a row with fewer activated experts than balanced routing
   hits streams only their weights: the DRAM time of its bytes plus what the measured row
@@ -96,7 +98,7 @@ from profiles.roofline.grid import (
     per_sequence_counts,
 )
 
-GENERATOR_VERSION = 7
+GENERATOR_VERSION = 8
 GENERATOR = "servesweep.profiles.aiconfigurator"
 
 # GEMM layers of the dense / per-sequence tables: (n, k) of the rank's weight.
@@ -188,7 +190,7 @@ class _Builder:
         self.sources["attention"] = (
             f"{self._rel(tabs.context_path)} [{tabs.context_lane}] + "
             f"{self._rel(tabs.generation_path)} [{tabs.generation_lane}]{note}; history and "
-            "mixed-call ratios from the roofline model")
+            "mixed-call costs added from the roofline model")
         return tabs
 
     def _roofline_attention(self, s: RankShape, pc, kp, nd, kv) -> np.ndarray:
@@ -202,11 +204,12 @@ class _Builder:
         pc, kp, nd, kv = (keys[:, i] for i in range(4))
         zero = np.zeros_like(pc)
         has_p, has_d = pc > 0, nd > 0
-        # Prefill part: aiconfigurator at the chunk, scaled for history by the roofline.
+        # Prefill part: aiconfigurator at the chunk plus the roofline's cost of its history
+        # (r(chunk, history) - r(chunk, 0): the extra KV tiles walked; the call's fixed cost
+        # is aiconfigurator's and does not grow with the history).
         r_p = self._roofline_attention(s, pc, kp, zero, zero)
         r_p0 = self._roofline_attention(s, pc, zero, zero, zero)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            prefill = np.where(has_p, tabs.prefill_us(np.maximum(pc, 1)) * r_p / r_p0, 0.0)
+        prefill = np.where(has_p, tabs.prefill_us(np.maximum(pc, 1)) + (r_p - r_p0), 0.0)
         # Decode part: aiconfigurator, never faster than its own fixed cost at this batch
         # (its shortest measured KV length) plus streaming the extra KV from DRAM.
         nd1 = np.maximum(nd, 1)
@@ -216,14 +219,14 @@ class _Builder:
         stream = np.maximum(extra, 0.0) / self.system.effective_bw * 1e6
         decode = np.where(has_d, np.maximum(tabs.decode_us(nd1, kv),
                                             tabs.decode_us(nd1, kv0) + stream), 0.0)
-        # One varlen call holding both: the roofline's interaction ratio on the sum.
+        # One varlen call holding both: its parts plus the roofline's interaction, the time
+        # the one call spends beyond its two parts run alone (r_full - r_p - r_d).
         r_d = self._roofline_attention(s, zero, zero, nd, kv)
         r_full = self._roofline_attention(s, pc, kp, nd, kv)
         mixed = has_p & has_d
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(mixed, r_full / (r_p + r_d), 1.0)
+        interaction = np.where(mixed, r_full - r_p - r_d, 0.0)
         # A call is never faster than its prefill or its decodes alone.
-        time_us = np.maximum((prefill + decode) * ratio, np.maximum(prefill, decode))
+        time_us = np.maximum(prefill + decode + interaction, np.maximum(prefill, decode))
         df = pd.DataFrame(keys, columns=["prefill_chunk", "kv_prefill", "n_decode", "kv_decode"])
         df["time_us"] = time_us
         return df

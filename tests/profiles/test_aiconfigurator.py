@@ -199,6 +199,26 @@ def test_physical_floors(llama_tp2):
                 assert r.time_us >= part * (1 - 1e-5)
 
 
+def test_history_and_mixing_add_the_roofline_cost_in_microseconds(llama_tp2, cache):
+    """What aiconfigurator does not sweep (a chunk's KV history, a prefill and decodes in one
+    call) is the roofline's extra time added to aiconfigurator's parts, not a ratio on them:
+    the roofline's error on the parts cancels and a per-call fixed cost is not scaled."""
+    a = pd.read_csv(llama_tp2 / "tp2" / "attention.csv").set_index(KEYS).time_us
+    r = pd.read_csv(roofline_bundle(HW, LLAMA, 2, cache=cache) / "tp2" / "attention.csv")
+    r = r.set_index(KEYS).time_us
+    for pc, kp in ((16, 4096), (128, 1024), (512, 8192), (2048, 2048)):
+        history = a[(pc, kp, 0, 0)] - a[(pc, 0, 0, 0)]
+        assert history == pytest.approx(r[(pc, kp, 0, 0)] - r[(pc, 0, 0, 0)], rel=1e-3, abs=0.01)
+    checked = 0
+    for pc, kp, nd, kv in ((16, 0, 32, 1024), (256, 1024, 8, 4096), (2048, 0, 64, 2048)):
+        parts_a = a[(pc, kp, 0, 0)] + a[(0, 0, nd, kv)]
+        extra = r[(pc, kp, nd, kv)] - r[(pc, kp, 0, 0)] - r[(0, 0, nd, kv)]
+        if parts_a + extra > max(a[(pc, kp, 0, 0)], a[(0, 0, nd, kv)]):  # not floored
+            assert a[(pc, kp, nd, kv)] == pytest.approx(parts_a + extra, rel=1e-3, abs=0.01)
+            checked += 1
+    assert checked
+
+
 def test_moe_rows_grow_with_activated_experts(moe_tp1):
     moe = pd.read_csv(moe_tp1 / "tp1" / "moe.csv")
     for _, g in moe.groupby("tokens"):

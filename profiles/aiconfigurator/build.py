@@ -98,7 +98,7 @@ from profiles.roofline.grid import (
     per_sequence_counts,
 )
 
-GENERATOR_VERSION = 8
+GENERATOR_VERSION = 9
 GENERATOR = "servesweep.profiles.aiconfigurator"
 
 # GEMM layers of the dense / per-sequence tables: (n, k) of the rank's weight.
@@ -272,9 +272,23 @@ class _Builder:
         balanced = np.minimum(m.num_experts, tokens * m.num_experts_per_tok)
         stream = self.system.dram_floor_us(moe_work(shape, self.precision, tokens, activated).bytes)
         stream_bal = self.system.dram_floor_us(moe_work(shape, self.precision, tokens, balanced).bytes)
-        t = stream + np.maximum(table(tokens) - stream_bal, 0.0)
+        experts = stream + np.maximum(table(tokens) - stream_bal, 0.0)
+        # The block is more than aiconfigurator's fused_experts call (its collector passes
+        # precomputed top-k ids): vLLM's Qwen3MoeSparseMoeBlock / MixtralMoE run the router
+        # (a replicated unquantised linear, hidden -> experts: the GEMM table, as
+        # aiconfigurator's own MoE block emits its router GEMM) and FusedMoE's select_experts
+        # runs the topk_softmax kernel (vllm/model_executor/layers/fused_moe/fused_moe.py
+        # fused_topk): a memory-bound launch reading the bf16 logits and writing top-k
+        # weights, ids and token indices (4 bytes each), priced by aiconfigurator's memory-op
+        # model (its constant latency plus the bytes at its bandwidth).
+        router = self.gemm(tokens, m.num_experts, m.hidden_size)
+        topk_bytes = tokens * (m.num_experts * 2.0 + m.num_experts_per_tok * 12.0)
+        t = experts + router + self.system.dram_floor_us(topk_bytes)
+        envelope = f", {table.lowered} token counts on the lower envelope" if table.lowered else ""
         self.sources["moe"] = (f"{self._rel(table.path)} [{table.kernel}], MoE TP=EP=1, "
-                               f"{table.distribution} routing")
+                               f"{table.distribution} routing{envelope}; router GEMM "
+                               f"{self._rel(self.gemm.path)} [{self.gemm.kernel}]; top-k "
+                               "softmax as a memory op")
         return pd.DataFrame({"tokens": tokens, "activated_experts": activated, "time_us": t})
 
 

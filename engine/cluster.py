@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from engine.deployment import KvTransfer
@@ -103,7 +103,7 @@ class ClusterRun:
     """What :func:`run_cluster` leaves behind (besides the mutated requests)."""
 
     end_ns: int
-    instance_of: list[str]  # per request index: the instance that finished it
+    num_requests: int  # how many requests arrived (and finished)
     # With front ends: per member (in unit order), the client's delivery ns of each step the
     # member logged (-1: the step streamed nothing); empty without front ends.
     client_step_ns: list[list[int]] = field(default_factory=list)
@@ -111,16 +111,21 @@ class ClusterRun:
 
 def run_cluster(
     units: Sequence[EngineUnit],
-    requests: Sequence[Request],
+    requests: Iterable[Request],
     router: Router,
     *,
     kv_transfer_ns: KvTransfer | None = None,
     frontends: Sequence[ApiServer | None] | None = None,
+    on_done: Callable[[Request, Member], None] | None = None,
 ) -> ClusterRun:
     """Replay ``requests`` (sorted by arrival) on ``units`` to completion.
 
-    ``frontends`` gives each unit its API server (None: requests reach the engine when sent,
-    the client sees the engine's instants)."""
+    ``requests`` is read lazily, one request ahead of the clock (a generator may create each
+    when it is due), and the loop runs until it is exhausted and every request it gave has
+    finished. ``on_done(request, member)`` is called once per request when it finishes for
+    good (``member`` finished it; a P/D prefill hand-off is not a finish): after it the loop
+    keeps no reference to the request. ``frontends`` gives each unit its API server (None:
+    requests reach the engine when sent, the client sees the engine's instants)."""
     members = [m for u in units for m in u.members]
     front = [m for m in members if m.role != "decode"]
     decode = [m for m in members if m.role == "decode"]
@@ -131,8 +136,6 @@ def run_cluster(
             raise ConfigError("prefill instances need at least one decode instance")
         if kv_transfer_ns is None:
             raise ConfigError("P/D disaggregation needs a KV transfer model (kv_transfer_ns)")
-    n = len(requests)
-    instance_of = [""] * n
     original_max: dict[int, int] = {}
     deliveries: list[tuple[int, int, int, Request]] = []  # (time, seq, member idx, req)
     member_index = {id(m): i for i, m in enumerate(members)}
@@ -152,8 +155,9 @@ def run_cluster(
             if req.num_output_tokens >= req.max_tokens:  # a one-token request ends here
                 req.finish_ns = t
                 req.status = RequestStatus.FINISHED
-                instance_of[req.index] = m.name
                 finished += 1
+                if on_done is not None:
+                    on_done(req, m)
                 return
             req.status = RequestStatus.WAITING
             dst = router.pick("decode", decode, req)
@@ -162,8 +166,9 @@ def run_cluster(
             seq += 1
             heapq.heappush(deliveries, (when, seq, member_index[id(dst)], req))
             return
-        instance_of[req.index] = m.name
         finished += 1
+        if on_done is not None:
+            on_done(req, m)
 
     for u in units:
         u.on_finished = on_finished
@@ -198,16 +203,20 @@ def run_cluster(
         if a is not None:
             heapq.heappush(fe_due, (a, ui))
 
-    nxt = 0
-    t = requests[0].arrival_ns if n else 0
-    while finished < n:
+    # Arrivals: `upcoming` is the next request not yet sent (None once the input is
+    # exhausted), `n` how many were sent; the run ends when all sent have finished.
+    arrivals = iter(requests)
+    upcoming = next(arrivals, None)
+    n = 0
+    t = upcoming.arrival_ns if upcoming is not None else 0
+    while upcoming is not None or finished < n:
         # The next event: a send, a job reaching an API server, a request reaching its engine,
         # a KV delivery, or a busy unit's step completion.
         t_next = _NO_EVENT
         if wake_heap:
             t_next = wake_heap[0][0]
-        if nxt < n and requests[nxt].arrival_ns < t_next:
-            t_next = requests[nxt].arrival_ns
+        if upcoming is not None and upcoming.arrival_ns < t_next:
+            t_next = upcoming.arrival_ns
         if deliveries and deliveries[0][0] < t_next:
             t_next = deliveries[0][0]
         if handoffs and handoffs[0][0] < t_next:
@@ -218,9 +227,10 @@ def run_cluster(
             _raise_stuck(units)
         if t_next > t:
             t = t_next
-        while nxt < n and requests[nxt].arrival_ns <= t:
-            req = requests[nxt]
-            nxt += 1
+        while upcoming is not None and upcoming.arrival_ns <= t:
+            req = upcoming
+            n += 1
+            upcoming = next(arrivals, None)
             m = router.pick("front", front, req)
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
@@ -258,7 +268,7 @@ def run_cluster(
         # also a request it still holds or is handing over). Before it a unit may run steady
         # decode steps in bulk (EngineUnit.poll); its output messages then reach the server
         # ahead of the clock, which serves jobs by arrival, so the order is the same.
-        horizon = requests[nxt].arrival_ns if nxt < n else _NO_EVENT
+        horizon = upcoming.arrival_ns if upcoming is not None else _NO_EVENT
         if deliveries and deliveries[0][0] < horizon:
             horizon = deliveries[0][0]
         for i in prefill_units:
@@ -293,7 +303,7 @@ def run_cluster(
                 fe_next(i, fe)
         if (
             not polls
-            and nxt >= n
+            and upcoming is None
             and not deliveries
             and not handoffs
             and not fe_due
@@ -311,7 +321,7 @@ def run_cluster(
             for mi, _ in fe_members[i]:
                 by_member[mi] = fe.client_ns.get(mi, [])
         client = [by_member.get(mi, []) for mi in range(len(members))]
-    return ClusterRun(end_ns=t, instance_of=instance_of, client_step_ns=client)
+    return ClusterRun(end_ns=t, num_requests=n, client_step_ns=client)
 
 
 def _feed_outputs(fe: ApiServer, members: list[tuple[int, Member]], fed: list[int]) -> None:

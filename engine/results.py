@@ -1,13 +1,26 @@
-"""Simulation outputs: per-request records and a per-second time series."""
+"""Simulation outputs: per-request records and a per-second time series.
+
+A request's record is taken when it finishes (:class:`RequestRecords`: columnar arrays, its
+token times as runs of its scheduler's step log), so the engine need not keep finished
+``Request`` objects. The records become the per-request table at the end of the run
+(:meth:`RequestRecords.frame`), or, for runs too large to keep, stream to a Parquet file in
+row groups while the run goes on (:class:`RequestStream`); ``analysis.metrics.metrics_from_parquet``
+computes the same metrics from that file.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import shutil
+from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from engine.instance import StepLog
 from engine.memory import KVCapacity
@@ -18,10 +31,12 @@ NS_PER_S = 1_000_000_000
 
 @dataclass(slots=True)
 class SimulationResult:
-    """What one simulation produced. ``requests`` has one row per request; ``timeseries`` one
-    row per simulated second (``t_s`` = end of the second, counted from the first arrival)."""
+    """What one simulation produced. ``requests`` has one row per request (None when the run
+    streamed them to ``requests_path``, see ``engine.simulate.simulate_cluster``'s
+    ``stream_to``); ``timeseries`` one row per simulated second (``t_s`` = end of the second,
+    counted from the first arrival)."""
 
-    requests: pd.DataFrame
+    requests: pd.DataFrame | None
     timeseries: pd.DataFrame
     num_preemptions: int
     # Tokens served from the prefix cache, summed over every admission (first and resumed,
@@ -41,6 +56,8 @@ class SimulationResult:
     # Per instance: prefix-cache statistics per tier ("npu", "cpu", "cxl"), see
     # ``KVCacheManager.tier_stats``.
     tier_stats: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    # The streamed per-request table (Parquet, the columns of ``requests``), or None.
+    requests_path: Path | None = None
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -49,15 +66,31 @@ class SimulationResult:
         return self.prefix_cache_hits / q if q else 0.0
 
     def write(self, directory: str | Path, fmt: str = "parquet") -> list[Path]:
-        """Write ``requests`` and ``timeseries`` as Parquet (default) or CSV files."""
+        """Write ``requests`` and ``timeseries`` as Parquet (default) or CSV files (a streamed
+        run's requests file is copied, Parquet only)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
+        if fmt not in ("parquet", "csv"):
+            raise ValueError(f"fmt={fmt!r}: use 'parquet' or 'csv'")
         paths = []
-        for name, df in (("requests", self.requests), ("timeseries", self.timeseries)):
+        if self.requests is None:
+            if self.requests_path is None:
+                raise ValueError("the result holds no per-request table and no requests_path")
+            if fmt != "parquet":
+                raise ValueError(f"fmt={fmt!r}: a streamed run's requests are Parquet only "
+                                 f"({self.requests_path}); use fmt='parquet'")
+            p = out / "requests.parquet"
+            if not (p.exists() and p.samefile(self.requests_path)):
+                shutil.copyfile(self.requests_path, p)
+            paths.append(p)
+        frames = [("timeseries", self.timeseries)]
+        if self.requests is not None:
+            frames.insert(0, ("requests", self.requests))
+        for name, df in frames:
             if fmt == "parquet":
                 p = out / f"{name}.parquet"
                 df.to_parquet(p, index=False)
-            elif fmt == "csv":
+            else:
                 p = out / f"{name}.csv"
                 frame = df.copy()
                 if "token_times_ns" in frame:
@@ -65,111 +98,378 @@ class SimulationResult:
                         lambda v: " ".join(map(str, v))
                     )
                 frame.to_csv(p, index=False)
-            else:
-                raise ValueError(f"fmt={fmt!r}: use 'parquet' or 'csv'")
             paths.append(p)
         return paths
 
 
-def requests_frame(
-    requests: list[Request],
-    send_ns: np.ndarray | None = None,
-    client_log_times: dict[int, np.ndarray] | None = None,
-) -> pd.DataFrame:
-    """One row per request, columns as ``analysis.metrics`` reads them.
+# The scalar columns of a record, int64 each (``instance``: position in the instance names).
+_SCALARS = (
+    "index",
+    "send_ns",
+    "arrival_ns",
+    "queued_ns",
+    "first_scheduled_ns",
+    "first_token_ns",
+    "finish_ns",
+    "prompt_len",
+    "output_len",
+    "num_preemptions",
+    "prefix_hit_tokens",
+    "cached_tokens",
+    "recomputed_tokens",
+    "instance",
+)
 
-    ``token_times_ns`` holds one read-only int64 array per request. A request whose tokens
-    came at consecutive steps of one scheduler (nearly all) gets a view into a copy of that
-    scheduler's step-time log, so the column costs 8 bytes per step of each instance rather
-    than per token; an interrupted one (preempted, handed from prefill to decode, skipped a
-    step) gets its runs concatenated.
+# Step times of log ``k`` over steps ``[lo, hi)``: an int64 array of length ``hi - lo``.
+StepTimes = Callable[[int, int, int], np.ndarray]
 
-    The client's view (``engine.frontend``): ``send_ns`` is when the client sent each request
-    (default: its engine arrival), ``client_log_times`` maps ``id(TokenLog)`` to the client's
-    delivery time of each step in that log; ``client_token_times_ns``,
-    ``client_first_token_ns`` and ``client_finish_ns`` follow from it (-1 where the engine
-    time is -1). Without it they are the engine's own columns (the same arrays).
-    """
-    n = len(requests)
 
-    def col(values: Iterable[int]) -> np.ndarray:
-        return np.fromiter(values, np.int64, n)
+class RequestRecords:
+    """Finished requests' per-request records, columnar, so a finished ``Request`` can be
+    dropped: one ``array('q')`` per scalar column, the request ids, and each request's output
+    token times as runs of consecutive steps of one scheduler's token log (``TokenLog``):
+    rows ``(log, first step, end step)`` of a run table, the request's runs being rows
+    ``run_end[i - 1] .. run_end[i]``. About 150 bytes per request (24 more per extra run);
+    the token times themselves stay in the logs (8 bytes per step of each scheduler).
 
-    arrival = col(r.arrival_ns for r in requests)
-    first_sched = col(r.first_scheduled_ns for r in requests)
-    first = col(r.first_token_ns for r in requests)
-    finish = col(r.finish_ns for r in requests)
-    tokens = token_times_column(requests)
-    if client_log_times is None:
-        client_tokens, client_first, client_finish = tokens, first, finish
-    else:
-        client_tokens = token_times_column(requests, client_log_times)
-        client_first = np.fromiter(
-            (c[0] if f >= 0 and len(c) else -1 for c, f in zip(client_tokens, first, strict=True)),
-            np.int64, n)
-        client_finish = np.fromiter(
-            (c[-1] if f >= 0 and len(c) else -1
-             for c, f in zip(client_tokens, finish, strict=True)),
-            np.int64, n)
-    return pd.DataFrame(
-        {
-            "request_id": [r.request_id for r in requests],
-            "send_ns": arrival if send_ns is None else send_ns,
-            "arrival_ns": arrival,
-            "queued_ns": col(r.queued_ns for r in requests),
-            "first_scheduled_ns": first_sched,
+    ``logs`` are the schedulers' token logs in member order (a run names its log by position;
+    logs not listed are added as they appear)."""
+
+    __slots__ = ("logs", "_log_pos", "cols", "request_id", "run_end", "run_log", "run_first",
+                 "run_stop")
+
+    def __init__(self, logs: Sequence[TokenLog] = ()) -> None:
+        self.logs: list[TokenLog] = []
+        self._log_pos: dict[int, int] = {}
+        for log in logs:
+            self._log(log)
+        self.cols = {c: array("q") for c in _SCALARS}
+        self.request_id: list[str] = []
+        self.run_end = array("q")
+        self.run_log = array("q")
+        self.run_first = array("q")
+        self.run_stop = array("q")
+
+    def _log(self, log: TokenLog) -> int:
+        k = self._log_pos.get(id(log))
+        if k is None:
+            k = self._log_pos[id(log)] = len(self.logs)
+            self.logs.append(log)
+        return k
+
+    def __len__(self) -> int:
+        return len(self.request_id)
+
+    def add(self, req: Request, send_ns: int | None = None, instance: int = -1) -> None:
+        """Record ``req`` (finished: nothing of it changes any more). ``send_ns``: when the
+        client sent it (default its engine arrival); ``instance``: the position of the
+        instance that finished it."""
+        c = self.cols
+        c["index"].append(req.index)
+        c["send_ns"].append(req.arrival_ns if send_ns is None else send_ns)
+        c["arrival_ns"].append(req.arrival_ns)
+        c["queued_ns"].append(req.queued_ns)
+        c["first_scheduled_ns"].append(req.first_scheduled_ns)
+        c["first_token_ns"].append(req.first_token_ns)
+        c["finish_ns"].append(req.finish_ns)
+        c["prompt_len"].append(req.prompt_len)
+        c["output_len"].append(req.num_tokens - req.prompt_len)
+        c["num_preemptions"].append(req.num_preemptions)
+        c["prefix_hit_tokens"].append(req.prefix_hit_tokens)
+        c["cached_tokens"].append(max(req.num_cached_tokens, 0))
+        c["recomputed_tokens"].append(req.recomputed_tokens)
+        c["instance"].append(instance)
+        self.request_id.append(req.request_id)
+        for log, a, b in req.token_runs():
+            self.run_log.append(self._log(log))
+            self.run_first.append(a)
+            self.run_stop.append(b)
+        self.run_end.append(len(self.run_log))
+
+    def column(self, name: str) -> np.ndarray:
+        """A copy of scalar column ``name`` (int64, in the order records were added)."""
+        return np.array(self.cols[name], dtype=np.int64)
+
+    def keep(self, rows: np.ndarray) -> None:
+        """Keep only the records at positions ``rows`` (in that order)."""
+        starts, ends = self._run_bounds()
+        sel = _ranges(starts[rows], ends[rows])
+        for name, col in self.cols.items():
+            self.cols[name] = array("q", np.asarray(col, dtype=np.int64)[rows].tobytes())
+        ids = self.request_id
+        self.request_id = [ids[i] for i in rows.tolist()]
+        for name in ("run_log", "run_first", "run_stop"):
+            col = np.array(getattr(self, name), dtype=np.int64)[sel]
+            setattr(self, name, array("q", col.tobytes()))
+        self.run_end = array("q", np.cumsum(ends[rows] - starts[rows], dtype=np.int64).tobytes())
+
+    def _run_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        ends = np.array(self.run_end, dtype=np.int64)
+        starts = np.empty_like(ends)
+        if len(ends):
+            starts[0] = 0
+            starts[1:] = ends[:-1]
+        return starts, ends
+
+    def runs_of(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The runs of the records at ``rows``: per row its first run and end, per run its
+        log, first and end step (positions into the returned run arrays)."""
+        starts, ends = self._run_bounds()
+        s, e = starts[rows], ends[rows]
+        sel = _ranges(s, e)
+        counts = e - s
+        rs = np.cumsum(counts) - counts
+        logk = np.array(self.run_log, dtype=np.int64)[sel]
+        first = np.array(self.run_first, dtype=np.int64)[sel]
+        stop = np.array(self.run_stop, dtype=np.int64)[sel]
+        return rs, rs + counts, logk, np.stack([first, stop])
+
+    def token_times(self, rows: np.ndarray, source: StepTimes) -> np.ndarray:
+        """The output token times of the records at ``rows`` (object array of read-only int64
+        arrays), read from ``source``: the engine's log times or the client's per step. A
+        request whose tokens came in one run (nearly all) gets a view into one copy of the
+        steps the rows span; an interrupted one (preempted, handed from prefill to decode,
+        skipped a step) its runs concatenated."""
+        rs, re_, logk, bounds = self.runs_of(rows)
+        first, stop = bounds
+        windows: dict[int, tuple[np.ndarray, int]] = {}
+        for k in np.unique(logk).tolist():
+            mine = logk == k
+            lo, hi = int(first[mine].min()), int(stop[mine].max())
+            w = np.asarray(source(k, lo, hi), dtype=np.int64)
+            assert len(w) == hi - lo, "step times must cover every step"
+            w.flags.writeable = False
+            windows[k] = (w, lo)
+        empty = np.empty(0, dtype=np.int64)
+        empty.flags.writeable = False
+        out = np.empty(len(rows), dtype=object)
+        lk, fs, st = logk.tolist(), first.tolist(), stop.tolist()
+        for j, (a, b) in enumerate(zip(rs.tolist(), re_.tolist(), strict=True)):
+            if b - a == 1:
+                w, lo = windows[lk[a]]
+                out[j] = w[fs[a] - lo : st[a] - lo]
+            elif a == b:
+                out[j] = empty
+            else:
+                parts = []
+                for r in range(a, b):
+                    w, lo = windows[lk[r]]
+                    parts.append(w[fs[r] - lo : st[r] - lo])
+                t = np.concatenate(parts)
+                t.flags.writeable = False
+                out[j] = t
+        return out
+
+    def client_ready(self, rows: np.ndarray, delivered: Callable[[int], Sequence[int]]) -> int:
+        """How many of the records at ``rows``, from the first, have every token delivered to
+        the client (``delivered(k)``: the client ns of each step of log ``k`` so far, -1 for
+        a step not yet delivered; a step that gave a request a token is delivered once the
+        API server has served its output message)."""
+        rs, re_, logk, bounds = self.runs_of(rows)
+        stop = bounds[1]
+        lists = {k: delivered(k) for k in np.unique(logk).tolist()}
+        lk, st = logk.tolist(), stop.tolist()
+        for j, (a, b) in enumerate(zip(rs.tolist(), re_.tolist(), strict=True)):
+            for r in range(a, b):
+                d = lists[lk[r]]
+                last = st[r] - 1
+                if last >= len(d) or d[last] < 0:
+                    return j
+        return len(rows)
+
+    def frame(
+        self,
+        rows: np.ndarray | None = None,
+        *,
+        client: StepTimes | None = None,
+        instances: Sequence[str] | None = None,
+    ) -> pd.DataFrame:
+        """One row per record at ``rows`` (default: all, in the order added), columns as
+        ``analysis.metrics`` reads them.
+
+        ``client`` gives the client's delivery ns of each step of a log (``engine.frontend``);
+        ``client_token_times_ns``, ``client_first_token_ns`` and ``client_finish_ns`` follow
+        from it (-1 where the engine time is -1). Without it they are the engine's own
+        columns (the same arrays). ``instances`` names the instances: an ``instance`` column
+        then says which one finished each request."""
+        if rows is None:
+            rows = np.arange(len(self), dtype=np.int64)
+        col = {name: self.column(name)[rows] for name in _SCALARS}
+        logs = self.logs
+
+        def engine(k: int, lo: int, hi: int) -> np.ndarray:
+            return np.array(logs[k].times[lo:hi], dtype=np.int64)
+
+        tokens = self.token_times(rows, engine)
+        first, finish = col["first_token_ns"], col["finish_ns"]
+        if client is None:
+            client_tokens, client_first, client_finish = tokens, first, finish
+        else:
+            n = len(rows)
+            client_tokens = self.token_times(rows, client)
+            client_first = np.fromiter(
+                (c[0] if f >= 0 and len(c) else -1
+                 for c, f in zip(client_tokens, first, strict=True)), np.int64, n)
+            client_finish = np.fromiter(
+                (c[-1] if f >= 0 and len(c) else -1
+                 for c, f in zip(client_tokens, finish, strict=True)), np.int64, n)
+        ids = self.request_id
+        data = {
+            "request_id": [ids[i] for i in rows.tolist()],
+            "send_ns": col["send_ns"],
+            "arrival_ns": col["arrival_ns"],
+            "queued_ns": col["queued_ns"],
+            "first_scheduled_ns": col["first_scheduled_ns"],
             "first_token_ns": first,
             "finish_ns": finish,
-            "prompt_len": col(r.prompt_len for r in requests),
-            "output_len": col(r.num_tokens - r.prompt_len for r in requests),
-            "num_preemptions": col(r.num_preemptions for r in requests),
-            "prefix_hit_tokens": col(r.prefix_hit_tokens for r in requests),
-            "cached_tokens": col(max(r.num_cached_tokens, 0) for r in requests),
-            "recomputed_tokens": col(r.recomputed_tokens for r in requests),
-            "queueing_delay_ns": first_sched - arrival,
+            "prompt_len": col["prompt_len"],
+            "output_len": col["output_len"],
+            "num_preemptions": col["num_preemptions"],
+            "prefix_hit_tokens": col["prefix_hit_tokens"],
+            "cached_tokens": col["cached_tokens"],
+            "recomputed_tokens": col["recomputed_tokens"],
+            "queueing_delay_ns": col["first_scheduled_ns"] - col["arrival_ns"],
             "token_times_ns": tokens,
             "client_first_token_ns": client_first,
             "client_finish_ns": client_finish,
             "client_token_times_ns": client_tokens,
         }
-    )
+        if instances is not None:
+            data["instance"] = np.array(list(instances), dtype=object)[col["instance"]]
+        return pd.DataFrame(data)
 
 
-def token_times_column(
-    requests: list[Request], log_times: dict[int, np.ndarray] | None = None
-) -> np.ndarray:
-    """Every request's output token times (object array of read-only int64 arrays): the
-    engine's (each log's own step times), or with ``log_times`` the times it maps each log's
-    steps to (``id(TokenLog)`` -> one int64 per step of that log)."""
-    logs: dict[int, np.ndarray] = {}
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The concatenation of ``range(s, e)`` for each pair (int64)."""
+    counts = ends - starts
+    total = int(counts.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    offsets = np.cumsum(counts) - counts
+    return np.arange(total, dtype=np.int64) - np.repeat(offsets - starts, counts)
 
-    def times(log: TokenLog) -> np.ndarray:
-        v = logs.get(id(log))
-        if v is None:
-            if log_times is None:
-                v = np.array(log.times, dtype=np.int64)
-            else:
-                v = np.asarray(log_times[id(log)], dtype=np.int64)
-                assert len(v) == len(log.times), "client times must cover every step"
-            v.flags.writeable = False
-            logs[id(log)] = v
-        return v
 
-    empty = np.empty(0, dtype=np.int64)
-    empty.flags.writeable = False
-    out = np.empty(len(requests), dtype=object)
+def requests_frame(
+    requests: Sequence[Request],
+    send_ns: np.ndarray | None = None,
+    client_log_times: dict[int, np.ndarray] | None = None,
+) -> pd.DataFrame:
+    """One row per request of ``requests`` (in order), columns as
+    :meth:`RequestRecords.frame` makes them. ``send_ns``: when the client sent each request
+    (default: its engine arrival); ``client_log_times`` maps ``id(TokenLog)`` to the client's
+    delivery ns of each step in that log."""
+    records = RequestRecords()
     for i, r in enumerate(requests):
-        runs = r.token_runs()
-        if len(runs) == 1:
-            log, a, b = runs[0]
-            out[i] = times(log)[a:b]
-        elif not runs:
-            out[i] = empty
+        records.add(r, None if send_ns is None else int(send_ns[i]))
+    client = None
+    if client_log_times is not None:
+        times = client_log_times
+        logs = records.logs
+
+        def client(k: int, lo: int, hi: int) -> np.ndarray:
+            v = np.asarray(times[id(logs[k])], dtype=np.int64)
+            assert len(v) == len(logs[k].times), "client times must cover every step"
+            return v[lo:hi]
+
+    return records.frame(client=client)
+
+
+class RequestStream:
+    """Writes finished requests' records to a Parquet file as they finish, in row groups of
+    ``chunk_rows`` rows, in workload order (``Request.index``): the file holds exactly the
+    table :meth:`SimulationResult.write` writes for the same run kept in memory.
+
+    ``add`` records a finished request; rows wait until every request before them in the
+    workload has finished (and, behind an API server, until the client has every token:
+    ``delivered``), so only the requests in flight or finished out of order are held. The
+    file is written as ``<path>.partial`` and renamed to ``path`` by :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        records: RequestRecords,
+        *,
+        chunk_rows: int = 65_536,
+        instances: Sequence[str] | None = None,
+        client: StepTimes | None = None,
+        delivered: Callable[[int], Sequence[int]] | None = None,
+    ) -> None:
+        if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ValueError(f"chunk_rows={chunk_rows!r}: give an int >= 1")
+        if (client is None) != (delivered is None):
+            raise ValueError("give both client and delivered, or neither")
+        self.path = Path(path)
+        self.records = records
+        self.chunk_rows = chunk_rows
+        self.instances = instances
+        self.client = client
+        self.delivered = delivered
+        self.rows_written = 0  # every request index below this is in the file
+        self._next_try = chunk_rows
+        self._writer: pq.ParquetWriter | None = None
+        self._partial = self.path.with_name(self.path.name + ".partial")
+
+    def add(self, req: Request, send_ns: int | None = None, instance: int = -1) -> None:
+        self.records.add(req, send_ns, instance)
+        if len(self.records) >= self._next_try:
+            self._flush(final=False)
+            self._next_try = len(self.records) + max(self.chunk_rows // 4, 1)
+
+    def _flush(self, final: bool) -> None:
+        rec = self.records
+        if not len(rec):
+            return
+        index = rec.column("index")
+        order = np.argsort(index, kind="stable")
+        # The rows that continue the file without a gap: index rows_written, +1, ...
+        expect = self.rows_written + np.arange(len(order), dtype=np.int64)
+        gap = np.flatnonzero(index[order] != expect)
+        ready = order[: int(gap[0]) if len(gap) else len(order)]
+        if self.delivered is not None and len(ready):
+            ready = ready[: rec.client_ready(ready, self.delivered)]
+        n = len(ready) if final else len(ready) // self.chunk_rows * self.chunk_rows
+        if n == 0:
+            return
+        for start in range(0, n, self.chunk_rows):
+            self._write(ready[start : min(start + self.chunk_rows, n)])
+        self.rows_written += n
+        rest = np.ones(len(index), dtype=bool)
+        rest[ready[:n]] = False
+        rec.keep(np.flatnonzero(rest))
+
+    def _write(self, rows: np.ndarray) -> None:
+        frame = self.records.frame(rows, client=self.client, instances=self.instances)
+        if self._writer is None:
+            self._partial.parent.mkdir(parents=True, exist_ok=True)
+            table = pa.Table.from_pandas(frame, preserve_index=False)
+            self._writer = pq.ParquetWriter(self._partial, table.schema)
         else:
-            t = np.concatenate([times(log)[a:b] for log, a, b in runs])
-            t.flags.writeable = False
-            out[i] = t
-    return out
+            table = pa.Table.from_pandas(frame, schema=self._writer.schema, preserve_index=False)
+        self._writer.write_table(table, row_group_size=len(frame))
+
+    def close(self) -> Path:
+        """Write every record still held and finish the file; returns its path. Raises
+        ``RuntimeError`` if a record cannot be written (a request before it never finished,
+        or a token the client never got)."""
+        self._flush(final=True)
+        if len(self.records):
+            raise RuntimeError(
+                f"{len(self.records)} finished request(s) could not be written to {self.path}: "
+                f"request index {self.rows_written} never finished or was never delivered")
+        if self._writer is None:
+            raise RuntimeError(f"no request finished: nothing to write to {self.path}")
+        self._writer.close()
+        self._writer = None
+        os.replace(self._partial, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Close and remove the partial file (the run failed)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._partial.unlink(missing_ok=True)
 
 
 def timeseries_frame(logs: list[StepLog], start_ns: int) -> pd.DataFrame:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -16,38 +17,57 @@ from engine.instance import EngineUnit, Member
 from engine.kv_cache import KVCacheManager, PrefixCacheStats
 from engine.memory import KVCapacity, kv_capacity
 from engine.request import Request
-from engine.results import SimulationResult, requests_frame, timeseries_frame
+from engine.results import RequestRecords, RequestStream, SimulationResult, timeseries_frame
 from engine.scheduler import Scheduler
 from engine.specs import ConfigError, EngineConfig, HardwareSpec, ModelSpec
 from engine.workload import RequestSpec
 
 
-def _check_workload(workload: Sequence[RequestSpec], max_model_len: int) -> None:
-    if not workload:
-        raise ConfigError("workload is empty: give at least one request")
+def _check_spec(i: int, spec: RequestSpec, prev: int | None, max_model_len: int) -> None:
+    """One clear message for request ``i`` of the workload if vLLM could not serve it (or it
+    is out of order: ``prev`` is the previous request's arrival)."""
+    if spec.prompt_len < 1:
+        raise ConfigError(f"workload request {i} ({spec.request_id!r}) has an empty prompt")
+    if spec.output_len < 1:
+        raise ConfigError(
+            f"workload request {i} ({spec.request_id!r}): output_len={spec.output_len} "
+            "must be >= 1"
+        )
+    if spec.prompt_len + spec.output_len > max_model_len:
+        raise ConfigError(
+            f"workload request {i} ({spec.request_id!r}) needs {spec.prompt_len} prompt + "
+            f"{spec.output_len} output tokens > max_model_len={max_model_len} "
+            "(vLLM rejects it); raise max_model_len or drop the request"
+        )
+    if spec.arrival_ns < 0:
+        raise ConfigError(f"workload request {i} ({spec.request_id!r}) arrives before 0 ns")
+    if prev is not None and spec.arrival_ns < prev:
+        raise ConfigError(
+            f"workload request {i} ({spec.request_id!r}) arrives before request {i - 1}; "
+            "sort the workload by arrival time"
+        )
+
+
+def _checked_specs(workload: Iterable[RequestSpec], max_model_len: int) -> Iterator[RequestSpec]:
+    """``workload``'s requests, checked (``_check_spec``) before any work when it is a
+    sequence, each as it is read otherwise (a generator is never held in memory)."""
+    if isinstance(workload, Sequence):
+        if not workload:
+            raise ConfigError("workload is empty: give at least one request")
+        prev = None
+        for i, spec in enumerate(workload):
+            _check_spec(i, spec, prev, max_model_len)
+            prev = spec.arrival_ns
+        yield from workload
+        return
     prev = None
+    i = -1
     for i, spec in enumerate(workload):
-        if spec.prompt_len < 1:
-            raise ConfigError(f"workload request {i} ({spec.request_id!r}) has an empty prompt")
-        if spec.output_len < 1:
-            raise ConfigError(
-                f"workload request {i} ({spec.request_id!r}): output_len={spec.output_len} "
-                "must be >= 1"
-            )
-        if spec.prompt_len + spec.output_len > max_model_len:
-            raise ConfigError(
-                f"workload request {i} ({spec.request_id!r}) needs {spec.prompt_len} prompt + "
-                f"{spec.output_len} output tokens > max_model_len={max_model_len} "
-                "(vLLM rejects it); raise max_model_len or drop the request"
-            )
-        if spec.arrival_ns < 0:
-            raise ConfigError(f"workload request {i} ({spec.request_id!r}) arrives before 0 ns")
-        if prev is not None and spec.arrival_ns < prev:
-            raise ConfigError(
-                f"workload request {i} ({spec.request_id!r}) arrives before request {i - 1}; "
-                "sort the workload by arrival time"
-            )
+        _check_spec(i, spec, prev, max_model_len)
         prev = spec.arrival_ns
+        yield spec
+    if i < 0:
+        raise ConfigError("workload is empty: give at least one request")
 
 
 def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
@@ -79,15 +99,29 @@ def _member(spec: InstanceSpec) -> tuple[Member, KVCapacity, int]:
 
 def simulate_cluster(
     instances: Sequence[InstanceSpec],
-    workload: Sequence[RequestSpec],
+    workload: Iterable[RequestSpec],
     *,
     router: str = "least_loaded",
     seed: int = 0,
     kv_transfer_ns: KvTransfer | None = None,
     dp_pad: DpPad | None = None,
     frontend: FrontEndSpec | None = None,
+    stream_to: str | Path | None = None,
+    chunk_rows: int = 65_536,
 ) -> SimulationResult:
     """Simulate a cluster of instances serving ``workload``.
+
+    ``workload`` is a sequence of requests sorted by arrival, checked before the run starts,
+    or any iterable of them (a generator), read lazily and checked request by request: the
+    engine creates each ``Request`` when it is due and keeps only its compact record once it
+    finishes (``engine.results.RequestRecords``), so a generator's run holds only the
+    requests in flight.
+
+    ``stream_to``: write the per-request table to this Parquet file while the run goes on,
+    in row groups of ``chunk_rows`` requests (``engine.results.RequestStream``), instead of
+    returning it; the result's ``requests`` is then None and ``requests_path`` the file
+    (``analysis.metrics.metrics_from_parquet`` reads it). The file holds exactly the rows and
+    columns the in-memory table would.
 
     ``frontend`` puts an API server (``engine.frontend``) in front of every engine unit: the
     workload's arrival times are then the client's send times (``send_ns``), requests reach
@@ -106,7 +140,6 @@ def simulate_cluster(
         raise ConfigError(f"instance names must be unique, got {names}")
     built = [_member(s) for s in instances]
     max_len = min(b[2] for b in built)
-    _check_workload(workload, max_len)
     groups: dict[str, list[int]] = defaultdict(list)
     for i, s in enumerate(instances):
         if s.dp_group is not None:
@@ -169,26 +202,78 @@ def simulate_cluster(
     block_size = instances[0].config.block_size
     if any(s.config.block_size != block_size for s in instances):
         raise ConfigError("all instances of a cluster must use the same block_size")
-    requests = [Request(spec, i, block_size, hash_blocks) for i, spec in enumerate(workload)]
-    send_ns = np.fromiter((r.arrival_ns for r in requests), np.int64, len(requests))
     costs = frontend.costs() if frontend is not None else None
     servers = [ApiServer(costs) for _ in units] if costs is not None else None
-    run = run_cluster(units, requests, Router(router, seed), kv_transfer_ns=kv_transfer_ns,
-                      frontends=servers)
-    start_ns = int(send_ns[0])
     members = [m for u in units for m in u.members]
-    client_logs = None
-    if run.client_step_ns:
-        client_logs = {id(m.scheduler.token_log): np.asarray(c, dtype=np.int64)
-                       for m, c in zip(members, run.client_step_ns, strict=True)}
-    frame = requests_frame(requests, send_ns, client_logs)
-    frame["instance"] = run.instance_of
+    names = [m.name for m in members]
+    position = {id(m): k for k, m in enumerate(members)}
+    # Behind an API server a request's arrival_ns becomes its engine receipt: its send time
+    # is kept here while it is in flight.
+    sends: dict[int, int] = {}
+    first_send: list[int] = []
+
+    def arrivals() -> Iterator[Request]:
+        for i, spec in enumerate(specs):
+            req = Request(spec, i, block_size, hash_blocks)
+            if not first_send:
+                first_send.append(req.arrival_ns)
+            if servers is not None:
+                sends[i] = req.arrival_ns
+            yield req
+
+    records = RequestRecords([m.scheduler.token_log for m in members])
+    stream: RequestStream | None = None
+    if stream_to is not None:
+        client = delivered = None
+        if servers is not None:
+            fe = servers
+            unit_of = [ui for ui, u in enumerate(units) for _ in u.members]
+
+            def delivered(k: int) -> list[int]:
+                return fe[unit_of[k]].client_ns.get(k, [])
+
+            def client(k: int, lo: int, hi: int) -> np.ndarray:
+                return np.asarray(delivered(k)[lo:hi], dtype=np.int64)
+
+        stream = RequestStream(stream_to, records, chunk_rows=chunk_rows, instances=names,
+                               client=client, delivered=delivered)
+    sink = stream if stream is not None else records
+    prefix_hits = 0
+
+    def on_done(req: Request, m: Member) -> None:
+        nonlocal prefix_hits
+        prefix_hits += req.prefix_hit_tokens
+        sink.add(req, sends.pop(req.index, None), position[id(m)])
+
+    specs = _checked_specs(workload, max_len)
+    try:
+        run = run_cluster(units, arrivals(), Router(router, seed),
+                          kv_transfer_ns=kv_transfer_ns, frontends=servers, on_done=on_done)
+        requests_path = stream.close() if stream is not None else None
+    except BaseException:
+        if stream is not None:
+            stream.abort()
+        raise
+    start_ns = first_send[0]
+    frame = None
+    if stream is None:
+        client_steps = [np.asarray(c, dtype=np.int64) for c in run.client_step_ns]
+        logs = records.logs
+
+        def client_times(k: int, lo: int, hi: int) -> np.ndarray:
+            v = client_steps[k]
+            assert len(v) == len(logs[k].times), "client times must cover every step"
+            return v[lo:hi]
+
+        order = np.argsort(records.column("index"), kind="stable")  # workload order
+        frame = records.frame(order, client=client_times if client_steps else None,
+                              instances=names)
     prefix = sum((m.kv.prefix_cache_stats() for m in members), PrefixCacheStats())
     result = SimulationResult(
         requests=frame,
         timeseries=timeseries_frame([m.log for m in members], start_ns),
         num_preemptions=sum(m.scheduler.num_preemptions for m in members),
-        prefix_hit_tokens=sum(r.prefix_hit_tokens for r in requests),
+        prefix_hit_tokens=prefix_hits,
         prefix_cache_queries=prefix.queries,
         prefix_cache_hits=prefix.hits,
         makespan_ns=run.end_ns - start_ns,
@@ -197,16 +282,23 @@ def simulate_cluster(
         num_steps=sum(m.num_steps for m in members),
         instance_capacity={s.name: b[1] for s, b in zip(instances, built, strict=True)},
         tier_stats={m.name: m.kv.tier_stats() for m in members},
+        requests_path=requests_path,
     )
     result.wall_s = time.perf_counter() - t0
     return result
 
 
 def simulate_deployment(
-    deployment: Deployment, workload: Sequence[RequestSpec], *, seed: int = 0
+    deployment: Deployment,
+    workload: Iterable[RequestSpec],
+    *,
+    seed: int = 0,
+    stream_to: str | Path | None = None,
+    chunk_rows: int = 65_536,
 ) -> SimulationResult:
     """Simulate ``deployment`` (its instances, router, P/D hand-off and DP padding) serving
-    ``workload``; ``seed`` drives the ``random`` router."""
+    ``workload``; ``seed`` drives the ``random`` router, ``stream_to`` / ``chunk_rows`` as in
+    :func:`simulate_cluster`."""
     return simulate_cluster(
         deployment.instances,
         workload,
@@ -215,6 +307,8 @@ def simulate_deployment(
         kv_transfer_ns=deployment.kv_transfer_ns,
         dp_pad=deployment.dp_pad,
         frontend=deployment.frontend,
+        stream_to=stream_to,
+        chunk_rows=chunk_rows,
     )
 
 

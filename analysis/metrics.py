@@ -31,6 +31,15 @@ default linear interpolation). Throughputs divide by the benchmark duration: fro
   ``token_times_ns``).
 - ``queued``: as ``engine`` but from when the engine loop picked the request up
   (``queued_ns``, vLLM's ``queued_ts``; what the shared vLLM ground truth records).
+
+A run too large to keep in memory streams its per-request table to Parquet
+(``engine.simulate.simulate_cluster(..., stream_to=...)``); ``metrics_from_parquet`` computes
+the same metric dict from the file, reading only the columns it needs: the scalar ones whole
+(8 bytes a request each), so TTFT, TPOT, E2EL and the throughputs are exactly what
+``compute_metrics`` gives, and the token times one row group at a time, pooled into the
+count of each distinct ITL gap (``counted_statistic``: the same percentiles, exactly; the
+mean from the exact integer sum, which may differ from ``np.mean``'s pairwise float sum in
+the last bits).
 """
 
 from __future__ import annotations
@@ -38,9 +47,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from engine.specs import ConfigError
 
@@ -99,6 +111,41 @@ def statistic(values: np.ndarray, stat: str) -> float:
     if stat == "median":
         return float(np.median(values))
     return float(np.percentile(values, percentile_of(stat)))
+
+
+def counted_statistic(values: np.ndarray, counts: np.ndarray, stat: str) -> float:
+    """``statistic`` of the sample holding ``counts[i]`` copies of ``values[i]`` (``values``
+    sorted ascending, distinct; ``counts`` > 0), without expanding it: the same order
+    statistics and numpy's own arithmetic on them (``np.median``: the middle one or the mean
+    of the two; ``np.percentile``, linear: virtual index ``(n - 1) q``, then numpy's lerp),
+    so a percentile equals the expanded sample's bit for bit. The mean is the exact sum of
+    ``values * counts`` (as Python numbers) over n, rounded once."""
+    cum = np.cumsum(counts, dtype=np.int64)
+    n = int(cum[-1]) if len(cum) else 0
+    if n == 0:
+        return math.nan
+
+    def at(k: int) -> float:  # the k-th smallest (0-based) of the expanded sample
+        return float(values[int(np.searchsorted(cum, k, side="right"))])
+
+    if stat == "mean":
+        if values.dtype.kind in "iu":
+            total = sum(int(v) * int(c) for v, c in zip(values, counts, strict=True))
+            return float(total / n)
+        return float(np.dot(values.astype(np.float64), counts.astype(np.float64)) / n)
+    if stat == "median":
+        if n % 2:
+            return at(n // 2)
+        return float(np.mean(np.array([at(n // 2 - 1), at(n // 2)])))
+    q = percentile_of(stat) / 100
+    vi = (n - 1) * q
+    lo = math.floor(vi)
+    if vi >= n - 1:
+        return at(n - 1)
+    a, b = at(lo), at(lo + 1)
+    g = vi - lo
+    d = b - a
+    return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
 def summarize(values: np.ndarray) -> dict[str, float]:
@@ -263,6 +310,69 @@ def compute_metrics(
     Raises ``ConfigError`` as ``per_request`` does.
     """
     return run_metrics(per_request(requests_df, view), start_ns)
+
+
+def metrics_from_parquet(
+    path: str | Path, start_ns: int | None = None, view: str = "engine",
+    batch_rows: int = 65_536,
+) -> dict[str, float]:
+    """``compute_metrics`` of the per-request table in the Parquet file ``path`` (a streamed
+    run's ``requests.parquet``, or any table ``SimulationResult.write`` wrote), reading the
+    scalar columns whole and the token times ``batch_rows`` rows at a time (module
+    docstring). Raises ``ConfigError`` as ``per_request`` does, or for a file that is not a
+    Parquet table."""
+    if view not in VIEWS:
+        raise ConfigError(f"view={view!r} is not known; use one of {sorted(VIEWS)}")
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowInvalid) as err:
+        raise ConfigError(f"{path}: not a readable Parquet table ({err}); give the "
+                          "requests.parquet a run wrote") from err
+    anchor, first_col, finish_col, tokens_col = VIEWS[view]
+    wanted = dict.fromkeys((*REQUIRED_COLUMNS, "send_ns", anchor, first_col, finish_col))
+    frame = pq.read_table(path, columns=[c for c in wanted if c in names]).to_pandas()
+    pm = per_request(frame, view)  # ITL left out: no token column in the frame
+    result = run_metrics(pm, start_ns)
+    if tokens_col in names:
+        values, counts = _itl_counts(path, tokens_col, pm.finished, batch_rows)
+        ms = values / _NS_PER_MS  # the gaps as per_request has them
+        for stat in STATISTICS:
+            result[f"itl_ms_{stat}"] = (
+                counted_statistic(values, counts, stat) / _NS_PER_MS  # the exact ns sum
+                if stat == "mean" else counted_statistic(ms, counts, stat))
+    return result
+
+
+def _itl_counts(
+    path: str | Path, column: str, finished: np.ndarray, batch_rows: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every gap (ns) between successive output tokens of the finished requests in ``column``
+    (a list<int64> column), as distinct values (ascending) and their counts."""
+    values = np.empty(0, dtype=np.int64)
+    counts = np.empty(0, dtype=np.int64)
+    row = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=[column]):
+        col = batch.column(0)
+        nrows = len(col)
+        offs = col.offsets.to_numpy().astype(np.int64)
+        flat = col.values.to_numpy()[offs[0] : offs[-1]].astype(np.int64, copy=False)
+        offs = offs - offs[0]
+        lengths = np.diff(offs)
+        ok = finished[row : row + nrows].copy()
+        if col.null_count:
+            ok &= ~col.is_null().to_numpy(zero_copy_only=False)
+        row += nrows
+        if len(flat) < 2:
+            continue
+        gaps = np.diff(flat)
+        keep = np.repeat(ok, lengths)[:-1]  # gap p belongs to the request of token p ...
+        ends = offs[1:] - 1
+        keep[ends[(ends >= 0) & (ends < len(gaps))]] = False  # ... unless p is its last token
+        u, c = np.unique(gaps[keep], return_counts=True)
+        values, inverse = np.unique(np.concatenate([values, u]), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate([counts, c]).astype(np.float64),
+                             minlength=len(values)).astype(np.int64)
+    return values, counts
 
 
 def diff_pct(sim: float, ref: float) -> float:

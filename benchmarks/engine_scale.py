@@ -11,19 +11,28 @@ one instance; ``--rate`` skips that probe.
 Prompt ids are unique lazy ``range`` placeholders (as ``workloads.read_jsonl`` gives a trace
 without ids; ``--ids random`` uses the generator's random ids instead). Neither shares a prefix
 between requests, so the engine does the same work either way, hashing every full block; the
-placeholders keep a million-request workload in memory (random ids are 8 bytes each, 5.8 GB
-for 1M ShareGPT prompts). The workload is generated in chunks of 20,000 requests with seeds
+placeholders keep a million-request workload small (random ids are 8 bytes each, 5.8 GB for 1M
+ShareGPT prompts). The workload is generated in chunks of 20,000 requests with seeds
 ``seed, seed + 1, ...``, each chunk's arrivals continuing after the previous chunk's last one
-(still one Poisson process).
+(still one Poisson process). It is fed to the engine lazily (``--workload lazy``, the default
+where the engine takes an iterable): a generator yields the requests chunk by chunk as the
+simulation reaches them, so they never all exist at once; ``--workload list`` builds the whole
+list first (what trees before the lazy engine need; ``--compare`` uses it for them).
+
+``--stream`` writes the per-request table to a temporary Parquet file in row groups while the
+run goes on (``simulate_cluster(..., stream_to=...)``) instead of keeping it, then computes the
+metrics from the file (``analysis.metrics.metrics_from_parquet``; ``metrics_s``, not in
+``wall_s``); ``finished`` is its ``completed``.
 
 Each measurement runs in a fresh subprocess: it builds the workload, then times
 ``engine.simulate.simulate_cluster`` (loaded workload to finished per-request results) with
 ``time.perf_counter`` (``wall_s``) and ``time.process_time`` (``cpu_s``), and reports the
 process's peak RSS (``peak_rss_mib``, ``ru_maxrss``: interpreter, imports and workload
-included; ``workload_rss_mib`` is the RSS before the simulation starts).
+included; ``workload_rss_mib`` is the RSS before the simulation starts: with a lazy workload,
+before any request exists).
 
     python benchmarks/engine_scale.py --requests 10000 [--instances K] [--json OUT]
-        [--repeat R] [--compare REV]
+        [--repeat R] [--compare REV] [--stream] [--workload lazy|list]
 
 ``--compare REV`` runs the same measurement on the engine of git revision ``REV`` (extracted
 with ``git archive`` into a temporary directory, imported through ``PYTHONPATH``; the
@@ -47,7 +56,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 HARDWARE = "RTXPRO6000"
@@ -88,27 +99,32 @@ def _setup(instances: int):  # type: ignore[no-untyped-def]
     return specs
 
 
-def build_workload(n: int, rate: float, seed: int, ids: str) -> list:  # type: ignore[type-arg]
-    """``n`` ShareGPT-like requests at ``rate`` req/s (``inf``: all at t = 0), see the module
-    docstring."""
+def iter_workload(n: int, rate: float, seed: int, ids: str) -> Iterator[Any]:
+    """``n`` ShareGPT-like requests at ``rate`` req/s (``inf``: all at t = 0), generated one
+    chunk at a time as they are read (see the module docstring)."""
     from engine.workload import RequestSpec
     from workloads import synthetic
 
-    out: list[RequestSpec] = []
     offset = 0
     next_id = PLACEHOLDER_BASE
     for c, start in enumerate(range(0, n, CHUNK)):
         part = synthetic(rate, num_requests=min(CHUNK, n - start), seed=seed + c)
+        last = offset
         for i, spec in enumerate(part):
             if ids == "random":
                 prompt = spec.prompt_ids
             else:
                 prompt = range(next_id, next_id + spec.prompt_len)
                 next_id += spec.prompt_len
-            out.append(RequestSpec(str(start + i), spec.arrival_ns + offset, prompt, spec.output_len))
-        offset = out[-1].arrival_ns
+            last = spec.arrival_ns + offset
+            yield RequestSpec(str(start + i), last, prompt, spec.output_len)
+        offset = last
         del part
-    return out
+
+
+def build_workload(n: int, rate: float, seed: int, ids: str) -> list[Any]:
+    """:func:`iter_workload` as one list."""
+    return list(iter_workload(n, rate, seed, ids))
 
 
 def _rss_mib() -> float:
@@ -116,22 +132,40 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def measure(n: int, instances: int, rate: float, seed: int, ids: str) -> dict[str, float]:
+def measure(
+    n: int, instances: int, rate: float, seed: int, ids: str, workload_mode: str, stream: bool
+) -> dict[str, Any]:
     """One timed run in this process (see the module docstring)."""
     import gc
+    import inspect
 
     import engine
     from engine.simulate import simulate_cluster
 
     specs = _setup(instances)
-    workload = build_workload(n, rate, seed, ids)
+    lazy_engine = "stream_to" in inspect.signature(simulate_cluster).parameters
+    if not lazy_engine and (workload_mode == "lazy" or stream):
+        workload_mode, stream = "list", False  # an older tree: what it can do
+    workload = (iter_workload if workload_mode == "lazy" else build_workload)(n, rate, seed, ids)
     gc.collect()
     workload_rss = _rss_mib()
+    tmp = tempfile.TemporaryDirectory(prefix="engine_scale_") if stream else None
+    kwargs = {"stream_to": Path(tmp.name) / "requests.parquet"} if tmp is not None else {}
     w0, c0 = time.perf_counter(), time.process_time()
-    result = simulate_cluster(specs, workload)
+    result = simulate_cluster(specs, workload, **kwargs)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    finished = int((result.requests["finish_ns"] >= 0).sum())
+    metrics_s = None
+    if tmp is not None:
+        from analysis.metrics import metrics_from_parquet
+
+        m0 = time.perf_counter()
+        finished = int(metrics_from_parquet(result.requests_path)["completed"])
+        metrics_s = time.perf_counter() - m0
+        peak = max(peak, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        tmp.cleanup()
+    else:
+        finished = int((result.requests["finish_ns"] >= 0).sum())
     return {
         "requests": n,
         "instances": instances,
@@ -145,6 +179,9 @@ def measure(n: int, instances: int, rate: float, seed: int, ids: str) -> dict[st
         "us_per_step": cpu / result.num_steps * 1e6,
         "makespan_s": result.makespan_ns / 1e9,
         "num_preemptions": result.num_preemptions,
+        "workload": workload_mode,
+        "stream": stream,
+        "metrics_s": metrics_s,
         "tree": str(Path(engine.__file__).resolve().parents[1]),
     }
 
@@ -163,6 +200,7 @@ def _child(args: argparse.Namespace, tree: Path | None) -> dict[str, float]:
         sys.executable, str(Path(__file__).resolve()), "--child",
         "--requests", str(args.requests), "--instances", str(args.instances),
         "--rate", repr(args.rate), "--seed", str(args.seed), "--ids", args.ids,
+        "--workload", args.workload, *(["--stream"] if args.stream else []),
     ]
     env = dict(os.environ)
     if tree is not None:
@@ -199,6 +237,10 @@ def main() -> int:
     ap.add_argument("--saturation-requests", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ids", choices=("placeholder", "random"), default="placeholder")
+    ap.add_argument("--workload", choices=("lazy", "list"), default="lazy",
+                    help="feed the requests lazily (default) or as one list built first")
+    ap.add_argument("--stream", action="store_true",
+                    help="stream the per-request table to Parquet; metrics from the file")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.requests < 1 or args.instances < 1 or args.repeat < 1:
@@ -207,7 +249,8 @@ def main() -> int:
         print(f"reference data not found at {_data_dir()}; set SERVESWEEP_DATA", file=sys.stderr)
         return 2
     if args.child:
-        print(json.dumps(measure(args.requests, args.instances, args.rate, args.seed, args.ids)))
+        print(json.dumps(measure(args.requests, args.instances, args.rate, args.seed, args.ids,
+                                 args.workload, args.stream)))
         return 0
     sat = None
     if args.rate is None:

@@ -4,6 +4,11 @@ Entry points: :func:`engine.simulate` (one instance), :func:`engine.simulate_dep
 :class:`engine.Deployment` of instances; ``engine.deployment`` says what it holds).
 """
 
+from engine import _pure
+
+if _pure.requested():  # the interpreted engine (the compiled core's oracle), see engine/_pure.py
+    _pure.install()
+
 from engine.batch import BatchShape, LatencyModel
 from engine.deployment import Deployment, InstanceSpec
 from engine.memory import KVCapacity, kv_capacity

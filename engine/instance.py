@@ -42,6 +42,8 @@ from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
 from engine.scheduler import ScheduledStep, Scheduler
 
+FAST_FORWARD = True  # the default of EngineUnit.fast_forward
+
 
 class StepLog:
     """Per-step samples for the time series (plain lists; converted once at the end)."""
@@ -83,9 +85,6 @@ class Member:
 class EngineUnit:
     """Drives one engine core (``len(members) == 1``) or one DP group in lock-step."""
 
-    # Steady decode spans in bulk (see the module docstring); False simulates every step (the
-    # reference the fast-forward tests compare against).
-    fast_forward = True
 
     def __init__(
         self,
@@ -98,6 +97,9 @@ class EngineUnit:
         on_finished: Callable[[Member, Request, int], None] | None = None,
     ) -> None:
         self.members = list(members)
+        # Steady decode spans in bulk (see the module docstring); False simulates every step
+        # (the reference the fast-forward tests compare against).
+        self.fast_forward = FAST_FORWARD
         self.step_overhead_ns = step_overhead_ns
         self.overhead_hidden_ns = overhead_hidden_ns
         self.pp = pp
@@ -215,7 +217,11 @@ class EngineUnit:
                     if m.arrived_kv:
                         self._admit_arrived_kv(m)
                 steps = [m.scheduler.schedule(t) for m in members]
-                if any(s.reqs for s in steps):
+                busy = False
+                for s in steps:
+                    if s.reqs:
+                        busy = True
+                if busy:
                     it, stage = self._duration(steps)
                     start = t if t > self.gpu_free_at else self.gpu_free_at
                     self.gpu_free_at = start + stage

@@ -135,6 +135,10 @@ class Scheduler:
         self._unqueued: list[Request] = []
         self.num_preemptions = 0
         self.num_finished = 0
+        # Steps scheduled in bulk by decode_span (of them, with requests waiting): how much of
+        # the run was fast-forwarded.
+        self.span_steps = 0
+        self.span_steps_queued = 0
         # When each applied step ended: the requests' output token times index into it.
         self.token_log = TokenLog()
 
@@ -479,6 +483,9 @@ class Scheduler:
             op += 1
         done_s = (op + 1) // 2  # schedules done
         done_c = op // 2  # completions done
+        self.span_steps += done_s
+        if self.waiting:
+            self.span_steps_queued += done_s
         if op:
             for r in running:
                 r.num_computed_tokens += done_s

@@ -219,7 +219,8 @@ class OursSide:
             for r in s.running[:limit]
         ]
         wait = [
-            f"{r.request_id}(tok={r.num_tokens},{r.status.name.lower()},pre={r.num_preemptions})"
+            f"{r.request_id}(tok={r.num_tokens},{RequestStatus(r.status).name.lower()},"
+            f"pre={r.num_preemptions})"
             for r in list(s.waiting)[:limit]
         ]
         return (

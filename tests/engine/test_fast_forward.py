@@ -24,13 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import engine.instance as instance_mod
 from engine import EngineConfig, RequestSpec
 from engine.batch import BatchShape
 from engine.deployment import InstanceSpec
 from engine.frontend import FrontEndSpec
-from engine.instance import EngineUnit
 from engine.memory import kv_capacity
-from engine.scheduler import Scheduler
 from engine.simulate import simulate_cluster
 from tests.engine.test_stress import BS, HW, MODEL, build, scenarios, workload
 
@@ -62,7 +61,7 @@ def _run(instances, reqs, kwargs, fast: bool, monkeypatch):
         return real(us, *a, **kw)
 
     with monkeypatch.context() as mp:
-        mp.setattr(EngineUnit, "fast_forward", fast)
+        mp.setattr(instance_mod, "FAST_FORWARD", fast)  # each unit's default
         mp.setattr(simulate_mod, "run_cluster", capture)
         result = simulate_cluster(instances, reqs, **kwargs)
     return result, units
@@ -98,17 +97,11 @@ def _assert_same(a, b, ua, ub) -> None:
 SPANS = {"steps": 0, "with_queue": 0}
 
 
-def _count_spans(monkeypatch) -> None:
-    real = Scheduler.decode_span
-
-    def counted(self, span, times):
-        queued = bool(self.waiting)
-        ops, free = real(self, span, times)
-        SPANS["steps"] += (ops + 1) // 2
-        SPANS["with_queue"] += (ops + 1) // 2 if queued else 0
-        return ops, free
-
-    monkeypatch.setattr(Scheduler, "decode_span", counted)
+def _count_spans(units) -> None:
+    for u in units:
+        for m in u.members:
+            SPANS["steps"] += m.scheduler.span_steps
+            SPANS["with_queue"] += m.scheduler.span_steps_queued
 
 
 @st.composite
@@ -149,9 +142,9 @@ def test_decode_spans_equal_step_by_step(monkeypatch, sc):
 
     instances, kwargs = deployment()
     slow, us = _run(instances, reqs, kwargs, False, monkeypatch)
-    _count_spans(monkeypatch)
     instances, kwargs = deployment()
     fast, uf = _run(instances, reqs, kwargs, True, monkeypatch)
+    _count_spans(uf)
     _assert_same(slow, fast, us, uf)
 
 
@@ -187,8 +180,8 @@ def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, asyn
     kwargs = {"frontend": frontend} if frontend is not None else {}
     slow, us = _run([spec], reqs, kwargs, False, monkeypatch)
     SPANS["steps"] = SPANS["with_queue"] = 0
-    _count_spans(monkeypatch)
     fast, uf = _run([spec], reqs, kwargs, True, monkeypatch)
+    _count_spans(uf)
     _assert_same(slow, fast, us, uf)
     assert SPANS["steps"] > slow.num_steps // 4, (SPANS, slow.num_steps)
     if max_num_seqs == 8:  # spans ran while requests waited for a seat

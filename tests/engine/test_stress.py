@@ -22,6 +22,7 @@ leaked.
 
 from __future__ import annotations
 
+import importlib
 import random
 from collections import Counter
 from dataclasses import replace
@@ -42,6 +43,8 @@ from engine.simulate import simulate_cluster
 from engine.specs import HardwareSpec
 from profiles.catalog import load_model
 from profiles.parallel.dp_pad import VllmDpPad, pad_dp_group
+
+simulate_mod = importlib.import_module("engine.simulate")  # `engine.simulate` is also a function
 
 MODEL = load_model("meta-llama/Llama-3.1-8B")
 HW = HardwareSpec("card", 96.0, 1000.0, 100.0, 200.0)
@@ -109,36 +112,40 @@ class Watch:
         self.polls = 0
 
     def install(self, monkeypatch) -> None:
-        poll, update = EngineUnit.poll, Scheduler.update_from_output
+        """Build the simulation's engine units and schedulers as checked subclasses (the
+        compiled classes' methods cannot be patched in place; a Python subclass overrides
+        them, the compiled code dispatching to it)."""
         watch = self
 
-        def checked_poll(unit: EngineUnit, t: int, horizon_ns: int | None = None):
-            for m in unit.members:
-                watch.members[id(m)] = m
-                watch.roles[id(m.scheduler)] = m.role
-            prev = watch.last_t.get(id(unit))
-            assert prev is None or t >= prev, f"clock went back: {prev} -> {t}"
-            watch.last_t[id(unit)] = t
-            out = poll(unit, t, horizon_ns)
-            assert out is None or out >= t
-            watch.polls += 1
-            for m in unit.members:
-                kv = m.scheduler.kv
-                kv.pool.check_invariants(list(kv.req_blocks.values()))
-                assert len(m.scheduler.running) <= m.scheduler.max_num_seqs
-            for tier in watch.tiers:
-                tier.check_invariants()
-            return out
+        class CheckedUnit(EngineUnit):
+            def poll(self, t: int, horizon_ns: int | None = None):
+                for m in self.members:
+                    watch.members[id(m)] = m
+                    watch.roles[id(m.scheduler)] = m.role
+                prev = watch.last_t.get(id(self))
+                assert prev is None or t >= prev, f"clock went back: {prev} -> {t}"
+                watch.last_t[id(self)] = t
+                out = super().poll(t, horizon_ns)
+                assert out is None or out >= t
+                watch.polls += 1
+                for m in self.members:
+                    kv = m.scheduler.kv
+                    kv.pool.check_invariants(list(kv.req_blocks.values()))
+                    assert len(m.scheduler.running) <= m.scheduler.max_num_seqs
+                for tier in watch.tiers:
+                    tier.check_invariants()
+                return out
 
-        def counted_update(sched: Scheduler, step, now_ns: int):
-            done = update(sched, step, now_ns)
-            role = watch.roles.get(id(sched), "colocated")
-            for req in done:
-                watch.finishes[(req.index, role)] += 1
-            return done
+        class CountedScheduler(Scheduler):
+            def update_from_output(self, step, now_ns: int):
+                done = super().update_from_output(step, now_ns)
+                role = watch.roles.get(id(self), "colocated")
+                for req in done:
+                    watch.finishes[(req.index, role)] += 1
+                return done
 
-        monkeypatch.setattr(EngineUnit, "poll", checked_poll)
-        monkeypatch.setattr(Scheduler, "update_from_output", counted_update)
+        monkeypatch.setattr(simulate_mod, "EngineUnit", CheckedUnit)
+        monkeypatch.setattr(simulate_mod, "Scheduler", CountedScheduler)
 
 
 def build(sc: dict, max_len: int, need_blocks: int):

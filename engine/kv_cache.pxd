@@ -1,0 +1,26 @@
+cimport cython
+from engine.block_pool cimport BlockPool
+from engine.request cimport Request
+
+cdef class KVCacheManager:
+    cdef public BlockPool pool
+    cdef public Py_ssize_t block_size
+    cdef public long long max_model_len
+    cdef public bint enable_caching
+    cdef public dict req_blocks
+    cdef public dict num_cached_block
+    cdef public long long prefix_queries
+    cdef public long long prefix_hits
+    cdef public long long prefix_preempted_queries
+    cdef public long long prefix_preempted_hits
+    cdef public object tiers
+    cdef public object kv_bytes_per_token
+
+    @cython.locals(need_slots="long long", k="long long", upto="long long", blocks=list, total_computed="long long", n_alloc="long long")
+    cpdef bint allocate_slots(self, Request req, long long num_new_tokens, long long num_new_computed_tokens=*, list hit_blocks=*)
+    @cython.locals(bs=Py_ssize_t, slots="long long", cache_at="long long")
+    cpdef _set_thresholds(self, Request req, list blocks)
+    @cython.locals(num_full=Py_ssize_t, blocks=list, hashes=list)
+    cpdef cache_blocks(self, Request req, long long num_tokens)
+    @cython.locals(blocks=list)
+    cpdef free(self, Request req)

@@ -1,0 +1,35 @@
+cdef class TokenLog:
+    cdef public object times
+    cdef public long long base
+
+cdef class Request:
+    cdef public object request_id
+    cdef public Py_ssize_t index
+    cdef public long long arrival_ns
+    cdef public long long prompt_len
+    cdef public long long _max_tokens
+    cdef public long long finish_at
+    cdef public object prompt_ids
+    cdef public object output_ids
+    cdef public Py_ssize_t block_size
+    cdef public list _block_hashes
+    cdef public bytes _ids
+    cdef public long long num_tokens
+    cdef public long long num_computed_tokens
+    cdef public long long num_output_placeholders
+    cdef public long long num_cached_tokens
+    cdef public long long num_preemptions
+    cdef public int status
+    cdef public long long queued_ns
+    cdef public long long first_scheduled_ns
+    cdef public long long first_token_ns
+    cdef public long long finish_ns
+    cdef public long long prefix_hit_tokens
+    cdef public long long recomputed_tokens
+    cdef public long long kv_check_at
+    cdef public long long kv_slots
+    cdef public long long kv_cache_at
+    cdef public long long tok_next
+    cdef public tuple tok_open
+    cdef public list tok_runs
+    cpdef list hashes(self, Py_ssize_t num_blocks)

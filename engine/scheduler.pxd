@@ -1,0 +1,50 @@
+cimport cython
+from engine.kv_cache cimport KVCacheManager
+from engine.request cimport Request, TokenLog
+
+@cython.locals(s="long long", c="long long")
+cpdef long long _first_kv_schedule(Request r, long long c0, bint async_)
+
+@cython.locals(s="long long", u="long long")
+cpdef _refile(Py_ssize_t p, Request r, long long op, long long c0, long long lag, list next_s, list next_u, dict due, bint cache_async)
+
+cdef class Scheduler:
+    cdef public KVCacheManager kv
+    cdef public bint one_token_in_flight
+    cdef public bint chunked_prefill
+    cdef public long long max_num_seqs
+    cdef public long long token_budget
+    cdef public long long max_model_len
+    cdef public long long threshold
+    cdef public bint reserve_full_isl
+    cdef public bint async_scheduling
+    cdef public object waiting
+    cdef public list running
+    cdef public list _unqueued
+    cdef public long long num_preemptions
+    cdef public long long num_finished
+    cdef public long long span_steps
+    cdef public long long span_steps_queued
+    cdef public TokenLog token_log
+
+    cpdef _preempt(self, Request victim)
+    @cython.locals(r=Request, req=Request, victim=Request, budget="long long", thr="long long", max_len_m1="long long",
+                   async_=bint, one_in_flight=bint, total="long long", pc="long long", kp="long long", nd="long long",
+                   dsum="long long", dmin="long long", dmax="long long", computed="long long", ph="long long",
+                   num_tokens="long long", n="long long", after="long long", scheduled=bint, tiered=bint,
+                   looked_up=bint, resumed=bint, running=list, reqs=list, ntoks=list, samples=list)
+    cpdef schedule(self, long long now_ns)
+    @cython.locals(running=list, n=Py_ssize_t, nxt="long long", async_=bint, lag="long long", ph="long long",
+                   last=Request, r=Request, cache_async=bint, max_len="long long", limit="long long", dsum="long long",
+                   dmin="long long", dmax="long long", c0=list, due=dict, next_s=list, next_u=list, pos=Py_ssize_t,
+                   c="long long", nt="long long", fa="long long", room="long long", i="long long", op="long long", q="long long")
+    cpdef steady_decode(self, list inflight)
+    @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
+                   lim_c="long long", lim_s="long long", lag="long long", c0=list, next_s=list, next_u=list, due=dict,
+                   free_after=list, op="long long", i="long long", need="long long", p=Py_ssize_t, r=Request,
+                   c="long long", after="long long", nt="long long", nt0="long long", upto="long long",
+                   done_s="long long", done_c="long long")
+    cpdef tuple decode_span(self, span, list times)
+    @cython.locals(finished=list, kv=KVCacheManager, async_=bint, cache_async=bint, max_len="long long",
+                   k="long long", g="long long", req=Request, nt="long long", ph="long long", upto="long long")
+    cpdef list update_from_output(self, step, long long now_ns)

@@ -256,8 +256,8 @@ def render_per_gpu(rows: list[tuple[str, int, str, ErrorRow]]) -> str:
         "*own*: the hardware's factors (`profiles/roofline/factors.yaml`). TP 1 is where the "
         "own factors were fitted (on the attention rows without KV history or mixing only); "
         "TP 2 has shapes the fit did not see. Attention `decode` and `prefill, no history` are "
-        "aiconfigurator's table rows; `prefill, history` and `mixed` are those rows scaled by "
-        "the roofline's ratios with the GPU's own factors (profiles.aiconfigurator.build), so "
+        "aiconfigurator's table rows; `prefill, history` and `mixed` are those rows plus "
+        "the roofline's history / mixed-call costs with the GPU's own factors (profiles.aiconfigurator.build), so "
         "they are not measurements, and the own column agrees there largely by construction.",
         "",
     ]

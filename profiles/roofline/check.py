@@ -61,7 +61,7 @@ def table_errors(measured_dir: Path, generated_dir: Path, label: str) -> list[Er
 def attention_split_errors(measured_dir: Path, generated_dir: Path, label: str) -> list[ErrorRow]:
     """Attention error rows split by where an aiconfigurator bundle's row comes from:
     ``decode`` and ``prefill, no history`` are its tables' own rows; ``prefill, history`` and
-    ``mixed`` are those rows scaled by roofline ratios (profiles.aiconfigurator.build)."""
+    ``mixed`` are those rows plus roofline costs (profiles.aiconfigurator.build)."""
     keys = _KEYS["attention"]
     joined = pd.read_csv(measured_dir / "attention.csv").merge(
         pd.read_csv(generated_dir / "attention.csv"), on=keys, suffixes=("_m", "_g"))

@@ -176,7 +176,7 @@ def measured_tps(vdir: Path) -> list[int]:
 def table_attention_rows(keys: np.ndarray) -> np.ndarray:
     """Attention rows (prefill_chunk, kv_prefill, n_decode, kv_decode) an aiconfigurator
     bundle takes from NVIDIA's tables alone: no KV history, and not prefill and decodes in
-    one call (profiles.aiconfigurator.build scales the others by roofline ratios)."""
+    one call (profiles.aiconfigurator.build adds roofline costs to the others)."""
     pc, kp, nd = keys[:, 0], keys[:, 1], keys[:, 2]
     return (kp == 0) & ((pc == 0) | (nd == 0))
 

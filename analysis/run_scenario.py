@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.bench_serve import write_result
-from analysis.metrics import compute_metrics, per_request
+from analysis.metrics import compute_metrics, metrics_from_parquet, per_request
 from analysis.scenario import load_reference_cluster
 from astra_bridge import COMM_BACKENDS, CommBackend
 from engine.deployment import Deployment
@@ -183,6 +183,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "astra_sim)")
     p.add_argument("--output", help="per-request results: .csv in LLMServingSim's layout, "
                    ".parquet servesweep's full table")
+    p.add_argument("--stream", action="store_true",
+                   help="write the per-request table to --output (.parquet) in row groups while "
+                   "the run goes on instead of keeping it; metrics are read from the file")
     p.add_argument("--bench-json", default=None,
                    help="write the run as a vllm bench serve result JSON (client view)")
 
@@ -191,6 +194,11 @@ def main(args: argparse.Namespace) -> int:
     if args.output and Path(args.output).suffix not in (".csv", ".parquet"):
         raise ConfigError(f"--output {args.output}: use a .csv (LLMServingSim's layout) or "
                           ".parquet (servesweep's table) file")
+    if args.stream and (not args.output or Path(args.output).suffix != ".parquet"):
+        raise ConfigError("--stream writes the per-request table as the run goes: give "
+                          "--output FILE.parquet")
+    if args.stream and args.bench_json:
+        raise ConfigError("--stream keeps no per-request table for --bench-json; drop one of them")
     build, requests = build_scenario(
         args.cluster_config,
         args.workload,
@@ -205,14 +213,20 @@ def main(args: argparse.Namespace) -> int:
         comm_backend=args.comm_backend,
         astra_sim_binary=args.astra_sim_binary,
     )
-    result, notes = simulate_deployment(build, requests), build.notes
-    for note in notes:
+    stream_to = Path(args.output) if args.stream else None
+    result = simulate_deployment(build, requests, stream_to=stream_to)
+    for note in build.notes:
         print(f"note: {note}")
-    df = result.requests
+    if result.requests is None:  # streamed: only the columns printed here are read back
+        assert result.requests_path is not None
+        df = pd.read_parquet(result.requests_path, columns=["instance", "finish_ns"])
+        m = metrics_from_parquet(result.requests_path)
+    else:
+        df = result.requests
+        m = compute_metrics(df)
     for name, cap in result.instance_capacity.items():
         done = int((df.instance == name).sum())
         print(f"{cap.describe(name)}  finished {done}")
-    m = compute_metrics(df)
     end = int(df.finish_ns.max())
     print(
         f"requests {len(df)}  last finish {end} ns  makespan {result.makespan_ns / 1e9:.3f} s  "
@@ -223,7 +237,9 @@ def main(args: argparse.Namespace) -> int:
         for tier, st in tiers.items():
             if tier != "npu":
                 print(f"{name} {tier}: {_fmt(st)}")
-    if args.output:
+    if args.output and result.requests is None:
+        print(f"per-request results: {result.requests_path}")
+    elif args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         if out.suffix == ".parquet":

@@ -186,3 +186,17 @@ def test_output_csv_is_llmservingsim_s_layout(shared_data: Path, tmp_path: Path)
     for col in ("instance id", "request id", "model", "input", "output", "arrival", "end_time",
                 "latency"):
         assert (ours[col] == ref[col]).all(), col
+
+
+def test_output_parquet_streamed_is_the_kept_table(shared_data: Path, tmp_path: Path) -> None:
+    # P/D: requests hand over from the prefill to the decode instance before they finish.
+    kept, streamed = tmp_path / "kept.parquet", tmp_path / "streamed.parquet"
+    _scenario_cli(shared_data, "single_node_pd_instance", kept)
+    _scenario_cli(shared_data, "single_node_pd_instance", streamed, "--stream")
+    a, b = pd.read_parquet(kept), pd.read_parquet(streamed)
+    assert list(a.columns) == list(b.columns) and len(a) == 10
+    for col in a.columns:
+        if col.endswith("token_times_ns"):
+            assert all(list(x) == list(y) for x, y in zip(a[col], b[col], strict=True)), col
+        else:
+            assert a[col].equals(b[col]), col

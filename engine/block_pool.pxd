@@ -1,21 +1,33 @@
+# C types for engine/block_pool.py (compiled by setup.py; the .py is the implementation).
 cimport cython
 
 cdef class BlockPool:
     cdef public Py_ssize_t num_blocks
     cdef public bint enable_caching
-    cdef public list ref_cnt
-    cdef public list block_hash
-    cdef public object _free
+    cdef public object ref_cnt
+    cdef public object block_hash
+    cdef int[::1] _ref
+    cdef unsigned long long[::1] _hash
+    cdef int[::1] _next
+    cdef int[::1] _prev
     cdef public Py_ssize_t num_free
     cdef public dict cached
+    cdef dict _dupes
     cdef public long long num_evictions
 
+    @cython.locals(nxt="int[::1]", prv="int[::1]", n=int, p=int)
+    cdef inline void _unlink(self, Py_ssize_t b)
+    @cython.locals(nxt="int[::1]", prv="int[::1]", sentinel=int, tail=int)
+    cdef inline void _append(self, Py_ssize_t b)
+    @cython.locals(h="unsigned long long", more=list)
     cpdef _evict(self, Py_ssize_t b)
-    @cython.locals(b=Py_ssize_t)
+    @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t, ref="int[::1]", bh="unsigned long long[::1]",
+                   nxt="int[::1]")
     cpdef list get_new_blocks(self, Py_ssize_t n)
-    @cython.locals(b=Py_ssize_t)
+    @cython.locals(b=Py_ssize_t, ref="int[::1]")
     cpdef touch(self, list blocks)
-    @cython.locals(b=Py_ssize_t, r=Py_ssize_t)
+    @cython.locals(b=Py_ssize_t, r=int, ref="int[::1]")
     cpdef free_blocks(self, list ordered)
-    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, ids=list)
+    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, h="unsigned long long", bh="unsigned long long[::1]",
+                   cached=dict, first=object)
     cpdef cache_full_blocks(self, list blocks, list block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)

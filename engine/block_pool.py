@@ -2,13 +2,14 @@
 
 One owner for the block ledger: ref counts, the LRU free-block queue and the prefix-cache
 index (hash -> block). Blocks are plain integer ids; per-block state lives in parallel
-lists so the hot path touches no objects.
+``array`` columns (C ints when compiled, see ``block_pool.pxd``) so the hot path touches no
+objects.
 
 Faithful points (cited from vLLM 0.19):
 - Block 0 is the null block: never on the free list, never allocated, excluded from usage.
-- The free queue is a doubly linked list (an ``OrderedDict`` here), initially
-  ``[1, 2, ..., N-1]``; allocation pops from the head (least recently freed), frees append to the tail in the order given (callers pass
-  a request's blocks tail-first).
+- The free queue is a doubly linked list (``_next`` / ``_prev`` columns around a sentinel),
+  initially ``[1, 2, ..., N-1]``; allocation pops from the head (least recently freed), frees
+  append to the tail in the order given (callers pass a request's blocks tail-first).
 - Freed blocks keep their hash and stay hit-able until reallocated; eviction happens only as
   a side effect of allocation (``get_new_blocks``).
 - ``touch`` on a hit removes a free (ref 0) cached block from the middle of the queue.
@@ -18,7 +19,7 @@ Faithful points (cited from vLLM 0.19):
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from array import array
 
 
 class BlockPoolError(RuntimeError):
@@ -31,9 +32,13 @@ class BlockPool:
         "enable_caching",
         "ref_cnt",
         "block_hash",
-        "_free",
+        "_ref",
+        "_hash",
+        "_next",
+        "_prev",
         "num_free",
         "cached",
+        "_dupes",
         "num_evictions",
     )
 
@@ -42,37 +47,96 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.ref_cnt = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        # The free queue, head (next to allocate) first: an OrderedDict of block ids (values
-        # unused) is vLLM's doubly linked FreeKVCacheBlockQueue with O(1) pop at the head,
-        # append at the tail and removal from the middle, done in C.
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+        # Per block: references held, and the chained hash it carries (0: none; block hashes
+        # are never 0, see engine.request). ``_ref`` / ``_hash`` are the same arrays, typed
+        # as C buffers when compiled.
+        self.ref_cnt = array("i", bytes(4 * num_blocks))
+        self.block_hash = array("Q", bytes(8 * num_blocks))
+        self._ref = self.ref_cnt
+        self._hash = self.block_hash
+        # The free queue, head (next to allocate) first: vLLM's doubly linked
+        # FreeKVCacheBlockQueue, as next/previous links with ``num_blocks`` as the sentinel
+        # (its next is the head, its previous the tail); initially 1, 2, ..., N-1.
+        sentinel = num_blocks
+        self._next = array("i", range(1, num_blocks + 2))
+        self._prev = array("i", range(-1, num_blocks))
+        self._next[0] = self._prev[0] = -1  # the null block is never queued
+        self._next[num_blocks - 1] = sentinel
+        self._next[sentinel] = 1
+        self._prev[1] = sentinel
+        self._prev[sentinel] = num_blocks - 1
         self.num_free = num_blocks - 1
-        # hash -> block ids carrying it, in insertion order (first one is returned on lookup).
-        self.cached: dict[int, list[int]] = {}
+        # hash -> the first block inserted under it (returned on lookup); further blocks
+        # carrying the same hash (cache_full_blocks does not de-duplicate) in ``_dupes``, in
+        # insertion order.
+        self.cached: dict[int, int] = {}
+        self._dupes: dict[int, list[int]] = {}
         self.num_evictions = 0
 
     # -- free queue -------------------------------------------------------------------
     def free_block_ids(self) -> list[int]:
         """The free queue from head (next to allocate) to tail. For tests and debugging."""
-        return list(self._free)
+        out = []
+        nxt = self._next
+        b = nxt[self.num_blocks]
+        while b != self.num_blocks:
+            out.append(b)
+            b = nxt[b]
+        return out
+
+    def _unlink(self, b: int) -> None:
+        nxt, prv = self._next, self._prev
+        n, p = nxt[b], prv[b]
+        nxt[p] = n
+        prv[n] = p
+        nxt[b] = prv[b] = -1
+
+    def _append(self, b: int) -> None:
+        nxt, prv = self._next, self._prev
+        sentinel = self.num_blocks
+        tail = prv[sentinel]
+        nxt[tail] = b
+        prv[b] = tail
+        nxt[b] = sentinel
+        prv[sentinel] = b
 
     # -- prefix-cache index -----------------------------------------------------------
     def get_cached_block(self, h: int) -> int | None:
-        ids = self.cached.get(h)
-        return ids[0] if ids else None
+        return self.cached.get(h)
+
+    def blocks_with_hash(self, h: int) -> list[int]:
+        """Every block carrying hash ``h``, the one lookups return first."""
+        first = self.cached.get(h)
+        if first is None:
+            return []
+        return [first, *self._dupes.get(h, ())]
+
+    def cache_groups(self) -> list[list[int]]:
+        """The prefix-cache index: per hash, its blocks in insertion order."""
+        return [self.blocks_with_hash(h) for h in self.cached]
+
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a hash (hit-able until evicted)."""
+        return len(self.cached) + sum(len(v) for v in self._dupes.values())
 
     def _evict(self, b: int) -> None:
-        h = self.block_hash[b]
-        if h is None:
+        h = self._hash[b]
+        if h == 0:
             return
-        ids = self.cached[h]
-        if len(ids) == 1:
-            del self.cached[h]
+        if self.cached[h] == b:
+            more = self._dupes.get(h)
+            if more is None:
+                del self.cached[h]
+            else:
+                self.cached[h] = more.pop(0)
+                if not more:
+                    del self._dupes[h]
         else:
-            ids.remove(b)
-        self.block_hash[b] = None
+            more = self._dupes[h]
+            more.remove(b)
+            if not more:
+                del self._dupes[h]
+        self._hash[b] = 0
         self.num_evictions += 1
 
     # -- allocation ---------------------------------------------------------------------
@@ -80,56 +144,61 @@ class BlockPool:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
-        pop = self._free.popitem
-        ref, bh = self.ref_cnt, self.block_hash
-        out = [pop(False)[0] for _ in range(n)]
-        for b in out:
-            if bh[b] is not None:
+        ref, bh, nxt = self._ref, self._hash, self._next
+        sentinel = self.num_blocks
+        out = []
+        for _ in range(n):
+            b = nxt[sentinel]
+            self._unlink(b)
+            if bh[b] != 0:
                 self._evict(b)
             ref[b] = 1
+            out.append(b)
         self.num_free -= n
         return out
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
-        ref = self.ref_cnt
-        free = self._free
+        ref = self._ref
         for b in blocks:
             if ref[b] == 0:
-                del free[b]
+                self._unlink(b)
                 self.num_free -= 1
             ref[b] += 1
 
     def free_blocks(self, ordered: list[int]) -> None:
         """Drop one reference on each block; blocks reaching 0 go to the tail in this order."""
-        ref = self.ref_cnt
-        free = self._free
+        ref = self._ref
         for b in ordered:
             r = ref[b] - 1
             if r < 0:
                 raise BlockPoolError(f"block {b} freed more often than it was referenced")
             ref[b] = r
             if r == 0:
-                free[b] = None
+                self._append(b)
                 self.num_free += 1
 
     def cache_full_blocks(
         self, blocks: list[int], block_hashes: list[int], num_cached: int, num_full: int
     ) -> None:
         """Register blocks ``[num_cached, num_full)`` of a request under their chained hashes."""
-        bh = self.block_hash
+        bh = self._hash
         cached = self.cached
         for i in range(num_cached, num_full):
             b = blocks[i]
-            if bh[b] is not None:
+            if bh[b] != 0:
                 raise BlockPoolError(f"block {b} cached twice")
             h = block_hashes[i]
+            if h == 0:
+                raise BlockPoolError("block hash 0 is reserved (it marks an uncached block)")
             bh[b] = h
-            ids = cached.get(h)
-            if ids is None:
-                cached[h] = [b]
+            first = cached.get(h)
+            if first is None:
+                cached[h] = b
+            elif h in self._dupes:
+                self._dupes[h].append(b)
             else:
-                ids.append(b)
+                self._dupes[h] = [b]
 
     # -- stats --------------------------------------------------------------------------
     def usage(self) -> float:
@@ -142,9 +211,10 @@ class BlockPool:
         for table in tables:
             for b in table:
                 counts[b] += 1
-        free = set(self.free_block_ids())
-        if len(free) != self.num_free:
-            raise BlockPoolError(f"free counter {self.num_free} != queue length {len(free)}")
+        queue = self.free_block_ids()
+        free = set(queue)
+        if len(free) != self.num_free or len(queue) != self.num_free:
+            raise BlockPoolError(f"free counter {self.num_free} != queue length {len(queue)}")
         if 0 in free:
             raise BlockPoolError("null block on the free queue")
         for b in range(1, self.num_blocks):
@@ -152,10 +222,11 @@ class BlockPool:
                 raise BlockPoolError(f"block {b}: ref_cnt {self.ref_cnt[b]} != owners {counts[b]}")
             if (b in free) != (self.ref_cnt[b] == 0):
                 raise BlockPoolError(f"block {b}: free-queue membership disagrees with ref_cnt")
-        for h, ids in self.cached.items():
-            for b in ids:
-                if self.block_hash[b] != h:
+        for group in self.cache_groups():
+            h = self.block_hash[group[0]]
+            for b in group:
+                if self.block_hash[b] != h or h == 0:
                     raise BlockPoolError(f"block {b} indexed under a hash it does not carry")
-        n_hashed = sum(1 for h in self.block_hash if h is not None)
-        if n_hashed != sum(len(v) for v in self.cached.values()):
+        n_hashed = sum(1 for h in self.block_hash if h != 0)
+        if n_hashed != self.num_cached_blocks():
             raise BlockPoolError("hashed blocks and the cache index disagree")

@@ -8,7 +8,6 @@ cdef class KVCacheManager:
     cdef public long long max_model_len
     cdef public bint enable_caching
     cdef public dict req_blocks
-    cdef public dict num_cached_block
     cdef public long long prefix_queries
     cdef public long long prefix_hits
     cdef public long long prefix_preempted_queries
@@ -20,7 +19,7 @@ cdef class KVCacheManager:
     cpdef bint allocate_slots(self, Request req, long long num_new_tokens, long long num_new_computed_tokens=*, list hit_blocks=*)
     @cython.locals(bs=Py_ssize_t, slots="long long", cache_at="long long")
     cpdef _set_thresholds(self, Request req, list blocks)
-    @cython.locals(num_full=Py_ssize_t, blocks=list, hashes=list)
+    @cython.locals(num_full=Py_ssize_t, blocks=list, hashes=list, done="long long")
     cpdef cache_blocks(self, Request req, long long num_tokens)
     @cython.locals(blocks=list)
     cpdef free(self, Request req)

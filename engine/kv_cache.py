@@ -63,7 +63,6 @@ class KVCacheManager:
         "max_model_len",
         "enable_caching",
         "req_blocks",
-        "num_cached_block",
         "prefix_queries",
         "prefix_hits",
         "prefix_preempted_queries",
@@ -100,8 +99,10 @@ class KVCacheManager:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
+        # Request index -> its block table (append-only while it lives). The request holds
+        # the same list as ``kv_blocks`` and its cached-block count as ``kv_num_cached``
+        # (vLLM's req_to_blocks / num_cached_block), so the hot path needs no dict lookup.
         self.req_blocks: dict[int, list[int]] = {}
-        self.num_cached_block: dict[int, int] = {}
         # vLLM PrefixCacheStats: recorded on every lookup (a request blocked across several
         # passes is counted on each, as vLLM does). prefix_queries / prefix_hits count every
         # lookup; the preempted pair, the part from previously preempted requests (vLLM keeps
@@ -122,10 +123,10 @@ class KVCacheManager:
         cached = self.pool.cached
         hashes = req.hashes(max_blocks)
         for i in range(max_blocks):
-            ids = cached.get(hashes[i])
-            if not ids:
+            b = cached.get(hashes[i])
+            if b is None:
                 break
-            hits.append(ids[0])
+            hits.append(b)
         n = len(hits) * self.block_size
         self.prefix_queries += req.num_tokens
         self.prefix_hits += n
@@ -164,7 +165,7 @@ class KVCacheManager:
     def _num_blocks_to_allocate(
         self, req: Request, need_slots: int, hit_blocks: list[int]
     ) -> int:
-        held = self.req_blocks.get(req.index)
+        held = req.kv_blocks
         if held is not None and not hit_blocks:
             return max(_cdiv(need_slots, self.block_size) - len(held), 0)
         n_held = len(held) if held is not None else 0
@@ -197,7 +198,7 @@ class KVCacheManager:
         ``num_tokens``, reaches its ``kv_cache_at`` (both set here); otherwise it would
         return True and change nothing, so the scheduler skips it."""
         if not hit_blocks and not num_new_computed_tokens:
-            blocks = self.req_blocks.get(req.index)
+            blocks = req.kv_blocks
             if blocks is not None:  # running request: no new hits possible
                 need_slots = req.num_computed_tokens + num_new_tokens
                 if need_slots > self.max_model_len:
@@ -209,7 +210,7 @@ class KVCacheManager:
                     blocks.extend(self.pool.get_new_blocks(k))
                 if self.enable_caching:
                     upto = need_slots if need_slots < req.num_tokens else req.num_tokens
-                    if upto // self.block_size > self.num_cached_block[req.index]:
+                    if upto // self.block_size > req.kv_num_cached:
                         self.cache_blocks(req, upto)  # sets the thresholds
                         return True
                 self._set_thresholds(req, blocks)
@@ -221,14 +222,14 @@ class KVCacheManager:
         pool = self.pool
         if n_alloc > pool.num_free:
             return False
-        blocks = self.req_blocks.get(req.index)
+        blocks = req.kv_blocks
         if blocks is None:
-            blocks = self.req_blocks[req.index] = []
-            self.num_cached_block[req.index] = 0
+            blocks = self.req_blocks[req.index] = req.kv_blocks = []
+            req.kv_num_cached = 0
         if hb:
             pool.touch(hb)
             blocks.extend(hb)
-            self.num_cached_block[req.index] = len(blocks)
+            req.kv_num_cached = len(blocks)
             if self.tiers is not None:
                 # vLLM offers every full chunk to the offloading store, hits included
                 # (resident ones are skipped / refreshed).
@@ -249,7 +250,7 @@ class KVCacheManager:
         slots = len(blocks) * bs
         req.kv_slots = slots
         if self.enable_caching:
-            cache_at = (self.num_cached_block[req.index] + 1) * bs
+            cache_at = (req.kv_num_cached + 1) * bs
             req.kv_cache_at = cache_at
             req.kv_check_at = cache_at if cache_at <= slots else slots + 1
         else:
@@ -259,13 +260,13 @@ class KVCacheManager:
     def cache_blocks(self, req: Request, num_tokens: int) -> None:
         """Register the request's full blocks up to ``num_tokens`` in the prefix cache."""
         num_full = num_tokens // self.block_size
-        done = self.num_cached_block.get(req.index)
-        if done is None or num_full <= done:
+        done = req.kv_num_cached
+        if done < 0 or num_full <= done:  # no block table, or nothing newly full
             return
         hashes = req.hashes(num_full)
-        blocks = self.req_blocks[req.index]
+        blocks = req.kv_blocks
         self.pool.cache_full_blocks(blocks, hashes, done, num_full)
-        self.num_cached_block[req.index] = num_full
+        req.kv_num_cached = num_full
         self._set_thresholds(req, blocks)
         if self.tiers is not None:
             self.tiers.write_down(hashes, done, num_full)
@@ -273,7 +274,8 @@ class KVCacheManager:
     def free(self, req: Request) -> None:
         """Release a request's blocks tail-first so its last block is evicted first."""
         blocks = self.req_blocks.pop(req.index, None)
-        self.num_cached_block.pop(req.index, None)
+        req.kv_blocks = None
+        req.kv_num_cached = -1
         req.kv_check_at = req.kv_slots = req.kv_cache_at = 0  # no table: every call must look
         if blocks:
             blocks.reverse()
@@ -291,7 +293,7 @@ class KVCacheManager:
         pool = self.pool
         usable = pool.num_blocks - 1
         used = usable - pool.num_free
-        cached = sum(len(ids) for ids in pool.cached.values())
+        cached = pool.num_cached_blocks()
         stats = self.prefix_cache_stats()
         npu: dict[str, float | int | str] = {
             "tier": "npu",

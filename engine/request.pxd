@@ -1,3 +1,16 @@
+# C types for engine/request.py (compiled by setup.py; the .py is the implementation).
+cimport cython
+
+cdef unsigned long long _M64, _MUL, _FMIX1, _FMIX2
+
+@cython.locals(h="unsigned long long", i=Py_ssize_t)
+cdef unsigned long long _hash_block(unsigned long long parent, const long long[::1] ids,
+                                    Py_ssize_t start, Py_ssize_t n)
+
+@cython.locals(k=Py_ssize_t)
+cpdef _hash_blocks(unsigned long long parent, const long long[::1] ids, Py_ssize_t first,
+                   Py_ssize_t end, Py_ssize_t block_size, list out)
+
 cdef class TokenLog:
     cdef public object times
     cdef public long long base
@@ -13,7 +26,7 @@ cdef class Request:
     cdef public object output_ids
     cdef public Py_ssize_t block_size
     cdef public list _block_hashes
-    cdef public bytes _ids
+    cdef long long[::1] _ids
     cdef public long long num_tokens
     cdef public long long num_computed_tokens
     cdef public long long num_output_placeholders
@@ -29,7 +42,10 @@ cdef class Request:
     cdef public long long kv_check_at
     cdef public long long kv_slots
     cdef public long long kv_cache_at
+    cdef public list kv_blocks
+    cdef public long long kv_num_cached
     cdef public long long tok_next
     cdef public tuple tok_open
     cdef public list tok_runs
+    @cython.locals(h=list, n=Py_ssize_t)
     cpdef list hashes(self, Py_ssize_t num_blocks)

@@ -49,34 +49,60 @@ PREEMPTED = RequestStatus.PREEMPTED
 FINISHED = RequestStatus.FINISHED
 
 
-def _int64_bytes(ids: Sequence[int]) -> bytes:
-    """``ids`` as little-endian int64 bytes (ids are range-checked to int64 by the readers)."""
+def _int64_array(ids: Sequence[int]) -> array:
+    """``ids`` as an ``array('q')`` of int64 (ids are range-checked to int64 by the readers)."""
+    out = array("q")
     if isinstance(ids, range):
-        return np.arange(ids.start, ids.stop, ids.step, dtype="<i8").tobytes()
-    return np.asarray(ids, dtype="<i8").tobytes()
+        out.frombytes(np.arange(ids.start, ids.stop, ids.step, dtype=np.int64).tobytes())
+    else:
+        out.frombytes(np.asarray(ids, dtype=np.int64).tobytes())
+    return out
 
 
-def _hash_blocks(parent: int, ids: bytes, block_size: int, out: list[int]) -> None:
-    """Append the chained hash of each full block of ``ids`` (int64 bytes) to ``out``.
+# The block hash: 64-bit unsigned arithmetic (every Python step is masked to 64 bits, so the
+# interpreted and the compiled module, where the same lines run on C integers, agree).
+_M64 = 0xFFFFFFFFFFFFFFFF
+_MUL = 0x9E3779B97F4A7C15  # 2^64 / golden ratio (Fibonacci hashing)
+_FMIX1 = 0xFF51AFD7ED558CCD  # MurmurHash3's 64-bit finaliser constants
+_FMIX2 = 0xC4CEB9FE1A85EC53
+
+
+def _hash_block(parent: int, ids: array, start: int, n: int) -> int:
+    """The chained hash of the block ``ids[start : start + n]`` under ``parent``: each id
+    xor-ed in, multiplied by an odd constant and folded, then MurmurHash3's finaliser. Equal
+    for equal (parent, block) pairs, never 0 (0 marks "no hash" in the block pool)."""
+    h = parent
+    for i in range(start, start + n):
+        h = ((h ^ (ids[i] & _M64)) * _MUL) & _M64
+        h ^= h >> 29
+    h ^= h >> 33
+    h = (h * _FMIX1) & _M64
+    h ^= h >> 33
+    h = (h * _FMIX2) & _M64
+    h ^= h >> 33
+    return h if h != 0 else 1
+
+
+def _hash_blocks(parent: int, ids: array, first: int, end: int, block_size: int,
+                 out: list[int]) -> None:
+    """Append the chained hash of blocks ``first .. end - 1`` of ``ids`` to ``out``.
 
     vLLM's ``hash_block_tokens`` hashes ``(parent_block_hash, tuple(block_token_ids),
-    extra_keys)``; here the block's ids enter as one integer (its int64 bytes read as a
-    signed number), which is equal for equal blocks and far cheaper to build than a tuple
-    of Python ints. Python's int and tuple hashes are deterministic across processes (no
-    hash randomisation), which keeps simulations reproducible.
+    extra_keys)`` with sha256 or Python's hash; here :func:`_hash_block`, a 64-bit hash of the
+    parent and the block's int64 ids, which is equal for equal blocks, deterministic across
+    processes (simulations are reproducible) and runs in C when compiled.
     """
-    width = 8 * block_size
-    from_bytes = int.from_bytes
-    for start in range(0, len(ids) - width + 1, width):
-        parent = hash((parent, from_bytes(ids[start : start + width], "little", signed=True)))
+    for k in range(first, end):
+        parent = _hash_block(parent, ids, k * block_size, block_size)
         out.append(parent)
 
 
 def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The chained hash of every full block of ``token_ids``: ``h_i = H((h_{i-1}, block_i))``
+    """The chained hash of every full block of ``token_ids``: ``h_i = H(h_{i-1}, block_i)``
     (the hashes a request with these ids carries once they are all reached)."""
     hashes: list[int] = []
-    _hash_blocks(NONE_HASH, _int64_bytes(token_ids), block_size, hashes)
+    _hash_blocks(NONE_HASH, _int64_array(token_ids), 0, len(token_ids) // block_size,
+                 block_size, hashes)
     return hashes
 
 
@@ -137,6 +163,8 @@ class Request:
         "kv_check_at",
         "kv_slots",
         "kv_cache_at",
+        "kv_blocks",
+        "kv_num_cached",
         "tok_next",
         "tok_open",
         "tok_runs",
@@ -161,7 +189,7 @@ class Request:
         self.output_ids: Sequence[int] = out
         self.block_size = block_size
         self._block_hashes: list[int] | None = None
-        self._ids: bytes | None = None  # the ids as int64 bytes, built when first hashed
+        self._ids: array | None = None  # the ids as int64, built when first hashed
         self.num_tokens = self.prompt_len  # prompt + outputs accepted so far
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0  # async scheduling: scheduled, not yet returned
@@ -186,6 +214,10 @@ class Request:
         self.kv_check_at = 0
         self.kv_slots = 0
         self.kv_cache_at = 0
+        # The block table the KV manager holds for this request (the same list as its
+        # ``req_blocks`` entry; None without one) and how many of its blocks are cached.
+        self.kv_blocks: list[int] | None = None
+        self.kv_num_cached = -1
         # Token runs: the step number the next token continues the open run at, the open
         # run (log, first step index) and the closed runs (log, first, end) in order.
         self.tok_next = -1
@@ -221,11 +253,11 @@ class Request:
             h = self._block_hashes = []
         n = len(h)
         if n < num_blocks:
-            ids = self._ids
-            if ids is None:  # the whole sequence once, as int64 bytes, while the request lives
-                ids = self._ids = _int64_bytes(self.prompt_ids) + _int64_bytes(self.output_ids)
-            w = 8 * self.block_size
-            _hash_blocks(h[-1] if n else NONE_HASH, ids[n * w : num_blocks * w], self.block_size, h)
+            if self._ids is None:  # the whole sequence once, as int64, while the request lives
+                ids = _int64_array(self.prompt_ids)
+                ids.extend(_int64_array(self.output_ids))
+                self._ids = ids
+            _hash_blocks(h[n - 1] if n else NONE_HASH, self._ids, n, num_blocks, self.block_size, h)
         return h
 
     @property
@@ -234,7 +266,7 @@ class Request:
         return self.hashes(self.num_tokens // self.block_size)
 
     def release(self) -> None:
-        """Drop what only a live request needs (its block hashes and id bytes); they are
+        """Drop what only a live request needs (its block hashes and int64 ids); they are
         recomputed if asked for again."""
         self._block_hashes = None
         self._ids = None

@@ -201,7 +201,7 @@ class OursSide:
         """Ref count of every block but the null block, and the prefix-cache index as groups
         of block ids sharing a hash (in lookup order), sorted."""
         pool = self.kv.pool
-        groups = sorted(tuple(ids) for ids in pool.cached.values())
+        groups = sorted(tuple(ids) for ids in pool.cache_groups())
         widest = max((len(g) for g in groups), default=0)
         if widest > self.events["max duplicate-hash blocks"]:
             self.events["max duplicate-hash blocks"] = widest

@@ -40,7 +40,7 @@ def test_full_prompt_hit_recomputes_last_block() -> None:
     assert h.requests["C"].num_cached_tokens == 16
     # Block 2 and C's new block now both carry h1 (vLLM keeps duplicates).
     h1 = h.requests["A"].block_hashes[1]
-    assert len(h.kv.pool.cached[h1]) == 2
+    assert len(h.kv.pool.blocks_with_hash(h1)) == 2
     h.check()
 
 

@@ -171,10 +171,12 @@ def test_full_case_identical_to_vllm(case: Case) -> None:
 
 def _free_head_first(self, req):
     """Bug: free a request's blocks head-first (vLLM frees tail-first)."""
-    blocks = self.req_blocks.pop(req.index, None)
-    self.num_cached_block.pop(req.index, None)
+    from engine.kv_cache import KVCacheManager
+
+    blocks = self.req_blocks.get(req.index)
     if blocks:
-        self.pool.free_blocks(blocks)
+        blocks.reverse()  # free() reverses the table to free it tail-first: now head-first
+    KVCacheManager.free(self, req)
 
 
 def _mutations():

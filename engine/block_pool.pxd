@@ -5,9 +5,8 @@ cdef class BlockPool:
     cdef public Py_ssize_t num_blocks
     cdef public bint enable_caching
     cdef public object ref_cnt
-    cdef public object block_hash
+    cdef public list block_hash
     cdef int[::1] _ref
-    cdef unsigned long long[::1] _hash
     cdef int[::1] _next
     cdef int[::1] _prev
     cdef public Py_ssize_t num_free
@@ -19,15 +18,14 @@ cdef class BlockPool:
     cdef inline void _unlink(self, Py_ssize_t b)
     @cython.locals(nxt="int[::1]", prv="int[::1]", sentinel=int, tail=int)
     cdef inline void _append(self, Py_ssize_t b)
-    @cython.locals(h="unsigned long long", more=list)
+    @cython.locals(more=list)
     cpdef _evict(self, Py_ssize_t b)
-    @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t, ref="int[::1]", bh="unsigned long long[::1]",
+    @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t, ref="int[::1]", bh=list,
                    nxt="int[::1]")
     cpdef list get_new_blocks(self, Py_ssize_t n)
     @cython.locals(b=Py_ssize_t, ref="int[::1]")
     cpdef touch(self, list blocks)
     @cython.locals(b=Py_ssize_t, r=int, ref="int[::1]")
     cpdef free_blocks(self, list ordered)
-    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, h="unsigned long long", bh="unsigned long long[::1]",
-                   cached=dict, first=object)
+    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, bh=list, cached=dict, more=list)
     cpdef cache_full_blocks(self, list blocks, list block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)

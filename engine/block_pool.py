@@ -33,7 +33,6 @@ class BlockPool:
         "ref_cnt",
         "block_hash",
         "_ref",
-        "_hash",
         "_next",
         "_prev",
         "num_free",
@@ -47,13 +46,12 @@ class BlockPool:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        # Per block: references held, and the chained hash it carries (0: none; block hashes
-        # are never 0, see engine.request). ``_ref`` / ``_hash`` are the same arrays, typed
-        # as C buffers when compiled.
+        # Per block: references held (``_ref`` is the same array, typed as a C buffer when
+        # compiled), and the chained hash it carries (None: none; the hash objects are the
+        # requests' own, so the index below needs no new ints).
         self.ref_cnt = array("i", bytes(4 * num_blocks))
-        self.block_hash = array("Q", bytes(8 * num_blocks))
         self._ref = self.ref_cnt
-        self._hash = self.block_hash
+        self.block_hash: list[int | None] = [None] * num_blocks
         # The free queue, head (next to allocate) first: vLLM's doubly linked
         # FreeKVCacheBlockQueue, as next/previous links with ``num_blocks`` as the sentinel
         # (its next is the head, its previous the tail); initially 1, 2, ..., N-1.
@@ -120,23 +118,20 @@ class BlockPool:
         return len(self.cached) + sum(len(v) for v in self._dupes.values())
 
     def _evict(self, b: int) -> None:
-        h = self._hash[b]
-        if h == 0:
+        h = self.block_hash[b]
+        if h is None:
             return
-        if self.cached[h] == b:
-            more = self._dupes.get(h)
-            if more is None:
-                del self.cached[h]
-            else:
-                self.cached[h] = more.pop(0)
-                if not more:
-                    del self._dupes[h]
+        more = self._dupes.get(h)
+        if more is None:  # the only block under h
+            del self.cached[h]
         else:
-            more = self._dupes[h]
-            more.remove(b)
+            if self.cached[h] == b:
+                self.cached[h] = more.pop(0)
+            else:
+                more.remove(b)
             if not more:
                 del self._dupes[h]
-        self._hash[b] = 0
+        self.block_hash[b] = None
         self.num_evictions += 1
 
     # -- allocation ---------------------------------------------------------------------
@@ -144,13 +139,13 @@ class BlockPool:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
-        ref, bh, nxt = self._ref, self._hash, self._next
+        ref, bh, nxt = self._ref, self.block_hash, self._next
         sentinel = self.num_blocks
         out = []
         for _ in range(n):
             b = nxt[sentinel]
             self._unlink(b)
-            if bh[b] != 0:
+            if bh[b] is not None:
                 self._evict(b)
             ref[b] = 1
             out.append(b)
@@ -182,23 +177,20 @@ class BlockPool:
         self, blocks: list[int], block_hashes: list[int], num_cached: int, num_full: int
     ) -> None:
         """Register blocks ``[num_cached, num_full)`` of a request under their chained hashes."""
-        bh = self._hash
+        bh = self.block_hash
         cached = self.cached
         for i in range(num_cached, num_full):
             b = blocks[i]
-            if bh[b] != 0:
+            if bh[b] is not None:
                 raise BlockPoolError(f"block {b} cached twice")
             h = block_hashes[i]
-            if h == 0:
-                raise BlockPoolError("block hash 0 is reserved (it marks an uncached block)")
             bh[b] = h
-            first = cached.get(h)
-            if first is None:
-                cached[h] = b
-            elif h in self._dupes:
-                self._dupes[h].append(b)
-            else:
-                self._dupes[h] = [b]
+            if cached.setdefault(h, b) != b:  # h already indexed: b joins its duplicates
+                more = self._dupes.get(h)
+                if more is None:
+                    self._dupes[h] = [b]
+                else:
+                    more.append(b)
 
     # -- stats --------------------------------------------------------------------------
     def usage(self) -> float:
@@ -222,11 +214,10 @@ class BlockPool:
                 raise BlockPoolError(f"block {b}: ref_cnt {self.ref_cnt[b]} != owners {counts[b]}")
             if (b in free) != (self.ref_cnt[b] == 0):
                 raise BlockPoolError(f"block {b}: free-queue membership disagrees with ref_cnt")
-        for group in self.cache_groups():
-            h = self.block_hash[group[0]]
-            for b in group:
-                if self.block_hash[b] != h or h == 0:
+        for h in self.cached:
+            for b in self.blocks_with_hash(h):
+                if self.block_hash[b] != h:
                     raise BlockPoolError(f"block {b} indexed under a hash it does not carry")
-        n_hashed = sum(1 for h in self.block_hash if h != 0)
+        n_hashed = sum(1 for h in self.block_hash if h is not None)
         if n_hashed != self.num_cached_blocks():
             raise BlockPoolError("hashed blocks and the cache index disagree")

@@ -70,7 +70,7 @@ _FMIX2 = 0xC4CEB9FE1A85EC53
 def _hash_block(parent: int, ids: array, start: int, n: int) -> int:
     """The chained hash of the block ``ids[start : start + n]`` under ``parent``: each id
     xor-ed in, multiplied by an odd constant and folded, then MurmurHash3's finaliser. Equal
-    for equal (parent, block) pairs, never 0 (0 marks "no hash" in the block pool)."""
+    for equal (parent, block) pairs."""
     h = parent
     for i in range(start, start + n):
         h = ((h ^ (ids[i] & _M64)) * _MUL) & _M64
@@ -80,7 +80,7 @@ def _hash_block(parent: int, ids: array, start: int, n: int) -> int:
     h ^= h >> 33
     h = (h * _FMIX2) & _M64
     h ^= h >> 33
-    return h if h != 0 else 1
+    return h
 
 
 def _hash_blocks(parent: int, ids: array, first: int, end: int, block_size: int,

@@ -110,7 +110,7 @@ def test_scheduler_invariants(sc) -> None:
 def test_block_pool_ledger(ops) -> None:
     pool = BlockPool(16)
     owned: list[list[int]] = []
-    next_hash = 1  # 0 marks an uncached block
+    next_hash = 0
     for op, k in ops:
         if op == "alloc" and k <= pool.num_free:
             blocks = pool.get_new_blocks(k)

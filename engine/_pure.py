@@ -1,10 +1,10 @@
 """``SERVESWEEP_PURE_PYTHON=1``: import the engine from its Python sources, not the compiled core.
 
-``setup.py`` compiles some engine modules with Cython from their own ``.py`` files; the built
-extension modules sit beside the sources, and Python's import system prefers them. With this
-variable set, a finder installed by ``engine/__init__.py`` (before any engine submodule is
-imported) loads every ``engine.*`` module from its ``.py`` file instead: the same logic,
-interpreted. That is the oracle ``tests/engine/test_compiled_core.py`` checks the compiled
+``setup.py`` compiles some modules (the engine's core, the bundle latency model) with Cython
+from their own ``.py`` files; the built extension modules sit beside the sources, and Python's
+import system prefers them. With this variable set, a finder installed by
+``engine/__init__.py`` (before any engine submodule is imported) loads each of them from its
+``.py`` file instead: the same logic, interpreted. That is the oracle ``tests/engine/test_compiled_core.py`` checks the compiled
 modules against step for step, and the way to debug the engine with a Python debugger.
 """
 
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ENV = "SERVESWEEP_PURE_PYTHON"
-_HERE = Path(__file__).resolve().parent
+_ROOT = Path(__file__).resolve().parent.parent  # the directory that holds engine/, profiles/
 
 
 def requested() -> bool:
@@ -27,10 +27,19 @@ def requested() -> bool:
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds a module as usual; when that is one of our compiled modules (an extension module
+    under this project's directory with its ``.py`` beside it), loads the ``.py`` instead."""
+
     def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
-        if not name.startswith("engine.") or name.count(".") != 1:
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or not spec.origin or spec.loader is None:
             return None
-        src = _HERE / (name.split(".", 1)[1] + ".py")
+        origin = Path(spec.origin)
+        if not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            return None
+        if _ROOT not in origin.resolve().parents:
+            return None
+        src = origin.with_name(origin.name.split(".", 1)[0] + ".py")
         if not src.is_file():
             return None
         return importlib.util.spec_from_file_location(
@@ -45,10 +54,11 @@ def install() -> None:
 
 
 def compiled_modules() -> list[str]:
-    """The engine modules this process runs compiled (empty under ``SERVESWEEP_PURE_PYTHON``)."""
+    """Our modules this process runs compiled (empty under ``SERVESWEEP_PURE_PYTHON``)."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    return sorted(
-        name
-        for name, mod in sys.modules.items()
-        if name.startswith("engine.") and str(getattr(mod, "__file__", "")).endswith(suffixes)
-    )
+    out = []
+    for name, mod in list(sys.modules.items()):
+        f = str(getattr(mod, "__file__", "") or "")
+        if f.endswith(suffixes) and _ROOT in Path(f).resolve().parents:
+            out.append(name)
+    return sorted(out)

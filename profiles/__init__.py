@@ -11,6 +11,7 @@
   engine's ``engine.deployment.Deployment``.
 """
 
+import engine  # noqa: F401  (first: under SERVESWEEP_PURE_PYTHON it makes profiles.latency load from source)
 from profiles.architecture import Architecture, ArchitectureError, load_architecture
 from profiles.bundle import (
     BundleError,

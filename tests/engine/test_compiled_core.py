@@ -6,7 +6,8 @@ Every scenario runs twice: here (compiled) and in a subprocess that imports the 
 its ``.py`` files; every per-request column, every step of the time series and the run's
 counters must be equal. The scenarios are the stress test's (every topology, sync and async
 scheduling, prefix caching with a CPU tier, tight KV caches that preempt, API-server front
-ends), drawn deterministically.
+ends), drawn deterministically, and, where the shared data is present, two instances priced
+by a measured bundle (the compiled ``profiles.latency``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import _pure
+from engine import EngineConfig, _pure
+from engine.deployment import InstanceSpec
 from engine.frontend import FrontEndSpec
+from engine.memory import kv_capacity
 from engine.simulate import simulate_cluster
+from tests.conftest import shared_data_dir
 from tests.engine.test_stress import BS, build, workload
 
 REPO = Path(__file__).resolve().parents[2]
-COMPILED = ("block_pool", "instance", "kv_cache", "request", "scheduler")
+BUNDLE = shared_data_dir() / "llmservingsim" / "profiles"
+COMPILED = ("engine.block_pool", "engine.instance", "engine.kv_cache", "engine.request",
+            "engine.scheduler", "profiles.latency")
 TOPOLOGIES = ("single", "router", "pd", "dp", "pp")
 ROUTERS = ("round_robin", "least_loaded", "random", "prefix_aware")
 
@@ -55,19 +61,42 @@ def scenario(seed: int) -> dict:
     }
 
 
-SEEDS = range(15)
+# The stress scenarios, and the measured-bundle run where the shared data is present.
+SEEDS: list[int | None] = [*range(15), *([None] if BUNDLE.is_dir() else [])]
 
 
-def run(seed: int) -> dict:
-    """One scenario's observable results, as plain Python values."""
-    sc = scenario(seed)
-    rng = random.Random(sc["seed"])
-    max_len = rng.choice([512, 1024])
-    reqs = workload(rng, sc["num_requests"], max_len)
-    need = max(-(-(r.prompt_len + r.output_len) // BS) for r in reqs) + 1
-    instances, kwargs, _ = build(sc, max_len, need)
-    if sc["frontend"]:
-        kwargs["frontend"] = FrontEndSpec(output_token_us=400.0, ipc_us=30.0)
+def _bundle_run() -> tuple[list, list, dict]:
+    """Two instances priced by the measured RTX PRO 6000 / Llama-3.1-8B bundle (the compiled
+    ``profiles.latency``, decode spans and all), 400 ShareGPT-like requests behind API servers."""
+    from profiles.bundle import load_bundle
+    from profiles.catalog import load_hardware, load_model
+    from profiles.latency import ProfiledLatencyModel
+    from workloads import synthetic
+
+    model = load_model("meta-llama/Llama-3.1-8B")
+    hw = load_hardware("RTXPRO6000")
+    bundle = load_bundle(BUNDLE, "RTXPRO6000", model.name)
+    config = EngineConfig()
+    cap = kv_capacity(model, hw, config)
+    instances = [InstanceSpec(f"i{k}", model, hw, config,
+                              ProfiledLatencyModel(bundle, model, 1), capacity=cap)
+                 for k in range(2)]
+    return instances, synthetic(9.0, num_requests=400, seed=3), {"frontend": FrontEndSpec()}
+
+
+def run(seed: int | None) -> dict:
+    """One scenario's observable results, as plain Python values (None: the bundle run)."""
+    if seed is None:
+        instances, reqs, kwargs = _bundle_run()
+    else:
+        sc = scenario(seed)
+        rng = random.Random(sc["seed"])
+        max_len = rng.choice([512, 1024])
+        reqs = workload(rng, sc["num_requests"], max_len)
+        need = max(-(-(r.prompt_len + r.output_len) // BS) for r in reqs) + 1
+        instances, kwargs, _ = build(sc, max_len, need)
+        if sc["frontend"]:
+            kwargs["frontend"] = FrontEndSpec(output_token_us=400.0, ipc_us=30.0)
     res = simulate_cluster(instances, reqs, **kwargs)
     frame = {
         c: [list(v) if isinstance(v, np.ndarray | list) else v for v in res.requests[c]]
@@ -97,9 +126,10 @@ def test_the_engine_runs_compiled():
     """``pip install -e .`` built the core; without it the engine runs interpreted, slowly."""
     if _pure.requested():
         pytest.skip(f"{_pure.ENV} is set: the interpreted engine is under test")
-    import engine.instance  # noqa: F401  (all five modules, through their imports)
+    import engine.instance  # noqa: F401  (the engine's five, through their imports)
+    import profiles.latency  # noqa: F401
 
-    missing = sorted(set(f"engine.{m}" for m in COMPILED) - set(_pure.compiled_modules()))
+    missing = sorted(set(COMPILED) - set(_pure.compiled_modules()))
     assert not missing, f"not compiled: {missing}; build the core with `pip install -e .`"
 
 
@@ -109,10 +139,12 @@ def test_compiled_core_equals_the_interpreted_sources():
     oracle = _interpreted()
     for seed, expected in zip(SEEDS, oracle, strict=True):
         got = run(seed)
+        what = "the bundle run" if seed is None else f"scenario {scenario(seed)}"
         for key in expected:
-            assert got[key] == expected[key], f"scenario {scenario(seed)}: {key} differs"
+            assert got[key] == expected[key], f"{what}: {key} differs"
 
 
 if __name__ == "__main__":  # the oracle side (run under SERVESWEEP_PURE_PYTHON=1)
-    assert not _pure.compiled_modules(), "the oracle must run interpreted"
-    sys.stdout.buffer.write(pickle.dumps([run(s) for s in SEEDS]))
+    results = [run(s) for s in SEEDS]
+    assert not _pure.compiled_modules(), f"the oracle ran compiled: {_pure.compiled_modules()}"
+    sys.stdout.buffer.write(pickle.dumps(results))

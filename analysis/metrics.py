@@ -314,7 +314,7 @@ def compute_metrics(
 
 def metrics_from_parquet(
     path: str | Path, start_ns: int | None = None, view: str = "engine",
-    batch_rows: int = 65_536,
+    batch_rows: int = 4096,
 ) -> dict[str, float]:
     """``compute_metrics`` of the per-request table in the Parquet file ``path`` (a streamed
     run's ``requests.parquet``, or any table ``SimulationResult.write`` wrote), reading the
@@ -350,6 +350,19 @@ def _itl_counts(
     (a list<int64> column), as distinct values (ascending) and their counts."""
     values = np.empty(0, dtype=np.int64)
     counts = np.empty(0, dtype=np.int64)
+    held_v: list[np.ndarray] = []  # per-batch counts not merged yet (merged once they
+    held_c: list[np.ndarray] = []  # outgrow the merged ones: each value merged O(log) times)
+    held = 0
+
+    def merge() -> None:
+        nonlocal values, counts, held
+        values, inverse = np.unique(np.concatenate([values, *held_v]), return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate([counts, *held_c]),
+                             minlength=len(values)).astype(np.int64)
+        held_v.clear()
+        held_c.clear()
+        held = 0
+
     row = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=[column]):
         col = batch.column(0)
@@ -369,9 +382,12 @@ def _itl_counts(
         ends = offs[1:] - 1
         keep[ends[(ends >= 0) & (ends < len(gaps))]] = False  # ... unless p is its last token
         u, c = np.unique(gaps[keep], return_counts=True)
-        values, inverse = np.unique(np.concatenate([values, u]), return_inverse=True)
-        counts = np.bincount(inverse, weights=np.concatenate([counts, c]).astype(np.float64),
-                             minlength=len(values)).astype(np.int64)
+        held_v.append(u)
+        held_c.append(c)
+        held += len(u)
+        if held > max(len(values), 1 << 16):
+            merge()
+    merge()
     return values, counts
 
 

@@ -109,17 +109,21 @@ def iter_workload(n: int, rate: float, seed: int, ids: str) -> Iterator[Any]:
     next_id = PLACEHOLDER_BASE
     for c, start in enumerate(range(0, n, CHUNK)):
         part = synthetic(rate, num_requests=min(CHUNK, n - start), seed=seed + c)
-        last = offset
-        for i, spec in enumerate(part):
-            if ids == "random":
-                prompt = spec.prompt_ids
-            else:
-                prompt = range(next_id, next_id + spec.prompt_len)
-                next_id += spec.prompt_len
-            last = spec.arrival_ns + offset
-            yield RequestSpec(str(start + i), last, prompt, spec.output_len)
-        offset = last
+        if ids == "random":
+            for i, spec in enumerate(part):
+                yield RequestSpec(str(start + i), spec.arrival_ns + offset, spec.prompt_ids,
+                                  spec.output_len)
+            offset += part[-1].arrival_ns
+            continue
+        # Placeholders: only the arrivals and lengths are kept (the chunk's random ids go now).
+        arrival = [s.arrival_ns + offset for s in part]
+        plen = [s.prompt_len for s in part]
+        olen = [s.output_len for s in part]
         del part
+        for i, (a, p, o) in enumerate(zip(arrival, plen, olen, strict=True)):
+            yield RequestSpec(str(start + i), a, range(next_id, next_id + p), o)
+            next_id += p
+        offset = arrival[-1]
 
 
 def build_workload(n: int, rate: float, seed: int, ids: str) -> list[Any]:

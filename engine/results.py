@@ -390,7 +390,7 @@ class RequestStream:
         path: str | Path,
         records: RequestRecords,
         *,
-        chunk_rows: int = 65_536,
+        chunk_rows: int = 4096,
         instances: Sequence[str] | None = None,
         client: StepTimes | None = None,
         delivered: Callable[[int], Sequence[int]] | None = None,
@@ -443,7 +443,11 @@ class RequestStream:
         if self._writer is None:
             self._partial.parent.mkdir(parents=True, exist_ok=True)
             table = pa.Table.from_pandas(frame, preserve_index=False)
-            self._writer = pq.ParquetWriter(self._partial, table.schema)
+            # Dictionary pages only for the string columns: token times and instants are
+            # nearly all distinct (the values written are the same either way).
+            strings = [f.name for f in table.schema if pa.types.is_large_string(f.type)
+                       or pa.types.is_string(f.type)]
+            self._writer = pq.ParquetWriter(self._partial, table.schema, use_dictionary=strings)
         else:
             table = pa.Table.from_pandas(frame, schema=self._writer.schema, preserve_index=False)
         self._writer.write_table(table, row_group_size=len(frame))

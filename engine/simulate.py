@@ -107,7 +107,7 @@ def simulate_cluster(
     dp_pad: DpPad | None = None,
     frontend: FrontEndSpec | None = None,
     stream_to: str | Path | None = None,
-    chunk_rows: int = 65_536,
+    chunk_rows: int = 4096,
 ) -> SimulationResult:
     """Simulate a cluster of instances serving ``workload``.
 
@@ -294,7 +294,7 @@ def simulate_deployment(
     *,
     seed: int = 0,
     stream_to: str | Path | None = None,
-    chunk_rows: int = 65_536,
+    chunk_rows: int = 4096,
 ) -> SimulationResult:
     """Simulate ``deployment`` (its instances, router, P/D hand-off and DP padding) serving
     ``workload``; ``seed`` drives the ``random`` router, ``stream_to`` / ``chunk_rows`` as in

@@ -9,8 +9,24 @@ tests compare the compiled modules against step for step (``SERVESWEEP_PURE_PYTH
 ``engine/_pure.py``). Everything else in ``pyproject.toml``.
 """
 
+import importlib.util
+import json
+import os
+from pathlib import Path
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+# What engine/_pure.py checks at import: the sources each compiled module was built from. The
+# digest rule is _pure.digest's (that module imports only the standard library, so the build
+# loads it by path).
+STAMP = "engine/_compiled_sources.json"
+_spec = importlib.util.spec_from_file_location("_servesweep_pure", HERE / "engine" / "_pure.py")
+assert _spec is not None and _spec.loader is not None
+_pure = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_pure)
 
 # Dotted module names; each is built from its own .py (types from the .pxd beside it, if any).
 COMPILED = (
@@ -22,7 +38,30 @@ COMPILED = (
     "profiles.latency",  # the bundle latency model: no .pxd, compiled as it is
 )
 
+
+
+class StampedBuildExt(build_ext):
+    """build_ext that records the source digests of the modules it built (in the source tree
+    for an in-place / editable build, in the build tree otherwise)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1  # compile the modules side by side
+
+    def run(self) -> None:
+        super().run()
+        stamp = json.dumps({m: _pure.digest(m) for m in COMPILED}, indent=1, sort_keys=True)
+        targets = [HERE / STAMP]
+        if not self.inplace:
+            targets.append(Path(self.build_lib) / STAMP)
+        for t in targets:
+            t.parent.mkdir(parents=True, exist_ok=True)
+            t.write_text(stamp + "\n")
+
+
 setup(
+    cmdclass={"build_ext": StampedBuildExt},
     ext_modules=cythonize(
         [Extension(name, [name.replace(".", "/") + ".py"]) for name in COMPILED],
         compiler_directives={
@@ -32,5 +71,6 @@ setup(
             "annotation_typing": False,
         },
         quiet=True,
+        nthreads=os.cpu_count() or 1,
     ),
 )

@@ -8,6 +8,8 @@ from engine import _pure
 
 if _pure.requested():  # the interpreted engine (the compiled core's oracle), see engine/_pure.py
     _pure.install()
+else:
+    _pure.check_fresh()  # never the compiled modules of older sources
 
 from engine.batch import BatchShape, LatencyModel
 from engine.deployment import Deployment, InstanceSpec

@@ -10,9 +10,11 @@ modules against step for step, and the way to debug the engine with a Python deb
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -44,6 +46,35 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
             return None
         return importlib.util.spec_from_file_location(
             name, src, loader=importlib.machinery.SourceFileLoader(name, str(src))
+        )
+
+
+STAMP = Path(__file__).resolve().parent / "_compiled_sources.json"
+
+
+def digest(module: str) -> str:
+    """sha256 of a module's .py and .pxd: what setup.py stamps for each module it compiles."""
+    h = hashlib.sha256()
+    base = _ROOT / module.replace(".", "/")
+    for suffix in (".py", ".pxd"):
+        f = base.with_suffix(suffix)
+        if f.is_file():
+            h.update(suffix.encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def check_fresh() -> None:
+    """Refuse to run a compiled module whose source changed after it was built (it would run
+    the old code): the error names the modules and the fix."""
+    if not STAMP.is_file():
+        return  # never built here: every module runs from source
+    built = json.loads(STAMP.read_text())
+    stale = sorted(m for m, d in built.items() if digest(m) != d)
+    if stale:
+        raise ImportError(
+            f"the compiled engine core is older than its sources ({', '.join(stale)} changed "
+            "since the build): rebuild it with `pip install -e .` (or `python setup.py "
+            f"build_ext --inplace`), or run the sources as they are with {ENV}=1"
         )
 
 

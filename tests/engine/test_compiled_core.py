@@ -12,6 +12,7 @@ by a measured bundle (the compiled ``profiles.latency``).
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import random
@@ -142,6 +143,19 @@ def test_compiled_core_equals_the_interpreted_sources():
         what = "the bundle run" if seed is None else f"scenario {scenario(seed)}"
         for key in expected:
             assert got[key] == expected[key], f"{what}: {key} differs"
+
+
+def test_a_core_older_than_its_sources_is_refused(tmp_path, monkeypatch):
+    """A compiled module whose .py / .pxd changed after the build would run the old code:
+    importing the engine then fails with the modules and the fix."""
+    stamp = tmp_path / "stamp.json"
+    stamp.write_text(json.dumps({"engine.scheduler": _pure.digest("engine.scheduler"),
+                                 "engine.kv_cache": "0" * 64}))
+    monkeypatch.setattr(_pure, "STAMP", stamp)
+    with pytest.raises(ImportError, match=r"engine\.kv_cache changed.*pip install -e \."):
+        _pure.check_fresh()
+    stamp.write_text(json.dumps({"engine.scheduler": _pure.digest("engine.scheduler")}))
+    _pure.check_fresh()  # fresh: nothing raised
 
 
 if __name__ == "__main__":  # the oracle side (run under SERVESWEEP_PURE_PYTHON=1)

@@ -6,7 +6,8 @@ two sweeps started together on a fresh ``mlflow.db`` crash (``duplicate column``
 experiment at once collide on its unique name. ``open_tracker`` holds an exclusive
 ``flock`` on ``<db>.lock`` beside the database while ``sweep.tracking.Tracker`` migrates
 the schema and looks up or creates the experiment; other URIs (an MLflow server) are opened
-directly, the server serialises its own writes.
+directly, the server serialises its own writes. A sqlite file that does not exist yet is
+made, under the same lock, as a copy of a store MLflow created once (``sweep.store_template``).
 """
 
 from __future__ import annotations
@@ -39,4 +40,9 @@ def open_tracker(uri: str, experiment: str, retry_budget_s: float | None = None)
     writes retried for ``retry_budget_s`` (default ``sweep.tracking.DEFAULT_RETRY_BUDGET_S``)."""
     retry = RetryPolicy(budget_s=retry_budget_s) if retry_budget_s is not None else None
     with store_lock(uri):
+        db = sqlite_path(uri)
+        if db is not None and not db.exists():
+            from sweep.store_template import seed_store
+
+            seed_store(db)
         return Tracker(uri, experiment, retry)

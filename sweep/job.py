@@ -76,14 +76,19 @@ def _workload(key: str, vocab_size: int) -> tuple[RequestSpec, ...]:
     return tuple(build_requests(json.loads(key), vocab_size))
 
 
-def build_workload(cfg: DictConfig, model: ModelSpec) -> tuple[RequestSpec, ...]:
+def build_workload(cfg: DictConfig, model: ModelSpec, cache: bool = True,
+                   ) -> tuple[RequestSpec, ...]:
     """The requests of ``cfg.workload`` (``workloads.config.build``; cached: grid points
-    often share a workload)."""
+    often share a workload; ``cache=False`` builds without keeping it, for a workload no
+    later point shares, such as a capacity probe's rate)."""
     wl = OmegaConf.to_container(cfg.workload, resolve=True)
     assert isinstance(wl, dict)
     if wl["kind"] == "trace":
         wl["path"] = str(resolve_path(wl["path"]))
-    return _workload(json.dumps(wl, sort_keys=True), model.vocab_size)
+    key = json.dumps(wl, sort_keys=True)
+    if not cache:
+        return tuple(build_requests(json.loads(key), model.vocab_size))
+    return _workload(key, model.vocab_size)
 
 
 def _engine_metrics(result: Any, requests: pd.DataFrame) -> dict[str, float]:
@@ -121,7 +126,8 @@ def _parquet_bytes(frame: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
-def run_point(cfg: DictConfig) -> dict[str, Any]:
+def run_point(cfg: DictConfig, keep_tables: bool = True, cache_workload: bool = True,
+              ) -> dict[str, Any]:
     """Simulate one grid point; return ``{"metrics", "params", "slo_margins", "timeseries",
     "requests_parquet"}``.
 
@@ -133,6 +139,10 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     ``comm_source``, where its collectives came from (``point_comm_source``);
     ``slo_margins`` each bound's log(observed / bound); ``timeseries`` maps the per-second
     columns to lists; ``requests_parquet`` is the per-request frame as Parquet.
+    ``keep_tables=False`` (a capacity probe, which keeps only numbers) leaves the time series
+    empty and ``requests_parquet`` None: serialising a fleet check's per-request table
+    doubled its process's peak memory. ``cache_workload=False``: the workload is not kept
+    for later points (``build_workload``).
     """
     t0 = time.perf_counter()
     check_config(cfg)
@@ -140,7 +150,7 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
     hw = hardware_spec(cfg.hardware.name)
     pc = point_cluster_of(cfg)
     warn_beyond_profiled_range(pc)
-    workload = build_workload(cfg, model)
+    workload = build_workload(cfg, model, cache=cache_workload)
     result = simulate_deployment(pc, workload, seed=int(cfg.workload.seed))
     requests = result.requests
     gpus = pc.num_gpus
@@ -156,7 +166,8 @@ def run_point(cfg: DictConfig) -> dict[str, Any]:
         "metrics": metrics,
         "params": params,
         "slo_margins": answers.slo.margins,
-        "timeseries": {c: result.timeseries[c].tolist() for c in result.timeseries.columns},
-        "requests_parquet": _parquet_bytes(requests),
+        "timeseries": ({c: result.timeseries[c].tolist() for c in result.timeseries.columns}
+                       if keep_tables else {}),
+        "requests_parquet": _parquet_bytes(requests) if keep_tables else None,
     }
 

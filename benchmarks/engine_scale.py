@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -107,23 +108,21 @@ def iter_workload(n: int, rate: float, seed: int, ids: str) -> Iterator[Any]:
 
     offset = 0
     next_id = PLACEHOLDER_BASE
+    # Placeholders: the chunks' arrivals and lengths without drawing random ids (where the
+    # tree's generator can; the ids are replaced either way).
+    lean = ids == "placeholder" and "placeholder_ids" in inspect.signature(synthetic).parameters
     for c, start in enumerate(range(0, n, CHUNK)):
-        part = synthetic(rate, num_requests=min(CHUNK, n - start), seed=seed + c)
-        if ids == "random":
-            for i, spec in enumerate(part):
-                yield RequestSpec(str(start + i), spec.arrival_ns + offset, spec.prompt_ids,
-                                  spec.output_len)
-            offset += part[-1].arrival_ns
-            continue
-        # Placeholders: only the arrivals and lengths are kept (the chunk's random ids go now).
-        arrival = [s.arrival_ns + offset for s in part]
-        plen = [s.prompt_len for s in part]
-        olen = [s.output_len for s in part]
+        part = synthetic(rate, num_requests=min(CHUNK, n - start), seed=seed + c,
+                         **({"placeholder_ids": True} if lean else {}))
+        for i, spec in enumerate(part):
+            if ids == "random":
+                prompt = spec.prompt_ids
+            else:
+                prompt = range(next_id, next_id + spec.prompt_len)
+                next_id += spec.prompt_len
+            yield RequestSpec(str(start + i), spec.arrival_ns + offset, prompt, spec.output_len)
+        offset += part[-1].arrival_ns
         del part
-        for i, (a, p, o) in enumerate(zip(arrival, plen, olen, strict=True)):
-            yield RequestSpec(str(start + i), a, range(next_id, next_id + p), o)
-            next_id += p
-        offset = arrival[-1]
 
 
 def build_workload(n: int, rate: float, seed: int, ids: str) -> list[Any]:
@@ -141,7 +140,6 @@ def measure(
 ) -> dict[str, Any]:
     """One timed run in this process (see the module docstring)."""
     import gc
-    import inspect
 
     import engine
     from engine.simulate import simulate_cluster

@@ -40,6 +40,7 @@ from workloads.limits import (
     MAX_TOKEN_ID,
     MAX_TOKENS_PER_FIELD,
     MAX_TOTAL_TOKENS,
+    PLACEHOLDER_ID_BASE,
     check_budget_arg,
     check_max_model_len_arg,
 )
@@ -223,6 +224,7 @@ def synthetic(
     *,
     max_model_len: int | None = None,
     max_total_tokens: int | None = None,
+    placeholder_ids: bool = False,
 ) -> list[RequestSpec]:
     """A deterministic synthetic workload, sorted by arrival.
 
@@ -237,6 +239,11 @@ def synthetic(
     refused (vLLM rejects it). ``max_total_tokens``: the token budget (prompt + output over
     all requests; default ``workloads.limits.MAX_TOTAL_TOKENS``), checked before any id is
     drawn.
+
+    ``placeholder_ids``: no ids are drawn; each prompt is a lazy ``range`` of unique ids from
+    ``workloads.limits.PLACEHOLDER_ID_BASE`` (as ``read_jsonl`` gives a trace without ids: no
+    prefix shared between requests), the arrivals and lengths those of the random-id workload
+    with the same arguments. Not with ``shared_prefix_len > 0``.
     """
     check_max_model_len_arg(max_model_len, "synthetic")
     check_budget_arg(max_total_tokens, "synthetic")
@@ -278,7 +285,7 @@ def synthetic(
             "raise the duration or the rate"
         )
     return _fill(arrivals, in_dist, out_dist, seed, shared_prefix_len, num_prefix_groups,
-                 vocab_size, id_prefix, max_model_len, budget, raise_hint)
+                 vocab_size, id_prefix, max_model_len, budget, raise_hint, placeholder_ids)
 
 
 def synthetic_requests(
@@ -360,8 +367,12 @@ def _fill(
     max_model_len: int | None,
     budget: int,
     raise_hint: str,
+    placeholder_ids: bool = False,
 ) -> list[RequestSpec]:
     """Lengths and prompt ids for the given arrivals (each its own seeded stream)."""
+    if placeholder_ids and shared_prefix_len > 0:
+        raise WorkloadError("synthetic: placeholder_ids share no prefix; use shared_prefix_len=0 "
+                            "or random ids")
     n = len(arrivals)
     in_rng, out_rng, ids_rng, group_rng = (np.random.default_rng([seed, k]) for k in range(1, 5))
     in_lens = in_dist.sample(in_rng, n, "input")
@@ -383,6 +394,14 @@ def _fill(
             f"budget {budget}; use fewer requests or shorter lengths, {raise_hint}"
         )
 
+    if placeholder_ids:
+        out_specs: list[RequestSpec] = []
+        base = PLACEHOLDER_ID_BASE
+        for i, (length, olen) in enumerate(zip(in_lens.tolist(), out_lens.tolist(), strict=True)):
+            out_specs.append(RequestSpec(f"{id_prefix}{i}", int(arrivals[i]),
+                                         range(base, base + length), olen))
+            base += length
+        return out_specs
     flat = ids_rng.integers(0, vocab_size, size=int(in_lens.sum()), dtype=np.int64)
     prefixes: np.ndarray | None = None
     groups: np.ndarray | None = None

@@ -553,3 +553,15 @@ def test_synthetic_budget_and_max_model_len():
     assert all(isinstance(r.prompt_ids, array) for r in synthetic(**kw))
     # Integral floats from a config are accepted as ints.
     assert LengthDist("uniform", low=2.0, high=3.0).high == 3
+
+
+def test_synthetic_placeholder_ids_keep_arrivals_and_lengths():
+    rand = synthetic(5.0, num_requests=300, seed=4, id_prefix="r")
+    lean = synthetic(5.0, num_requests=300, seed=4, id_prefix="r", placeholder_ids=True)
+    assert [(s.request_id, s.arrival_ns, s.prompt_len, s.output_len) for s in lean] == [
+        (s.request_id, s.arrival_ns, s.prompt_len, s.output_len) for s in rand]
+    assert all(isinstance(s.prompt_ids, range) for s in lean)
+    ids = [i for s in lean for i in (s.prompt_ids.start, s.prompt_ids.stop - 1)]
+    assert ids == sorted(ids) and ids[0] == PLACEHOLDER_ID_BASE  # unique, no shared prefix
+    with pytest.raises(WorkloadError, match="placeholder_ids share no prefix"):
+        synthetic(5.0, num_requests=3, shared_prefix_len=8, placeholder_ids=True)

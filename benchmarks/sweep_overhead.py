@@ -23,6 +23,10 @@ the platform files of an older revision, to compare the platform on one engine).
 * ``--probes``: a capacity search (``python -m sweep.capacity +experiment=capacity_search``)
   for the probe workers' peak RSS.
 
+A fresh store is made the way a user's new directory gets one: copied from the MLflow store
+template in the user's cache (``sweep.store_template``; made once per MLflow version, which
+the first run after an upgrade pays, 2.8 CPU-s), so these figures leave that one-time cost out.
+
 CPU seconds do not depend on what else the machine runs, wall seconds do: on a shared
 machine compare the CPU figures, and the wall figures only side by side within one run.
 

@@ -42,10 +42,10 @@ SUMMARY_KEYS = (
 
 
 def task(cfg: DictConfig) -> dict[str, Any]:
-    """Simulate the point described by ``cfg`` (plus its time-series plot when
-    ``tracking.plots``); record it too when not in a multirun. A single run checks the point
-    first (``sweep.preflight``): an invalid or infeasible point exits non-zero with the
-    reason and no traceback; the infeasible one is recorded as such. A single run logs the
+    """Simulate the point described by ``cfg``; record it too when not in a multirun (the
+    recorder, ``sweep.recorder.SweepRecorder.job_done``, draws its time-series plot). A
+    single run checks the point first (``sweep.preflight``): an invalid or infeasible point
+    exits non-zero with the reason and no traceback; the infeasible one is recorded as such. A single run logs the
     point's key metrics as soon as it is simulated, then plots and records it (matplotlib and
     MLflow are imported only then); it exits non-zero if the recording is incomplete."""
     from sweep.job import run_point
@@ -71,11 +71,6 @@ def task(cfg: DictConfig) -> dict[str, Any]:
             metrics = result["metrics"]
             for key in SUMMARY_KEYS:
                 log.info(f"{key:>20}: {metrics.get(key, float('nan')):.4g}")
-        if cfg.tracking.plots and result["timeseries"].get("t_s"):
-            from sweep.plots import timeseries_png
-
-            title = " ".join(hydra_cfg.overrides.task) or str(cfg.study.name)
-            result["timeseries_png"] = timeseries_png(result["timeseries"], title)
     if single:
         from sweep.recorder import SweepRecorder
 

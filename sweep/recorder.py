@@ -159,8 +159,8 @@ class SweepRecorder:
         except TrackingError as err:
             raise SystemExit(f"{err}\nNothing was run.") from None
         self.claims = Claims(self.tracker)
-        if self.nested and (self.study.get("plot") or {}).get("x"):
-            # matplotlib for the study plot at ``close``: imported while the jobs run
+        if self.tracking.get("plots") or (self.nested and (self.study.get("plot") or {}).get("x")):
+            # matplotlib for the points' plots and the study plot: imported while jobs run
             self._writer.submit(importlib.import_module, "sweep.plots")
         try:
             self._open_parent()
@@ -250,6 +250,12 @@ class SweepRecorder:
         if self.nested:
             self._names.setdefault(idx, self._run_name(idx, cfg))
         resumed = value.get("resumed_from") if ok or infeasible else None
+        if ok and resumed is None:
+            try:
+                self._plot(value, overrides)
+            except Exception as err:  # the point's outputs are incomplete: a failed job
+                ok, value = False, RuntimeError(
+                    f"job #{idx}: time-series plot failed: {type(err).__name__}: {err}")
         row: dict[str, Any] = {
             "job": idx,
             "status": "finished" if ok else "infeasible" if infeasible else "failed",
@@ -420,6 +426,18 @@ class SweepRecorder:
             return Path(str(runtime))
         subdir = OmegaConf.select(cfg, "hydra.sweep.subdir") if "hydra" in cfg else None
         return self.sweep_dir / str(subdir) if subdir is not None else self.sweep_dir
+
+    def _plot(self, value: dict[str, Any], overrides: list[str]) -> None:
+        """Draw the point's time-series plot into ``value["timeseries_png"]`` when
+        ``tracking.plots`` (here, in the driver, so the actors never import matplotlib: 27 MiB
+        and 0.3 s each); titled with the job's overrides, else the study's name."""
+        series = value.get("timeseries") or {}
+        if not self.tracking.get("plots") or value.get("timeseries_png") or not series.get("t_s"):
+            return
+        from sweep.plots import timeseries_png
+
+        value["timeseries_png"] = timeseries_png(series, " ".join(overrides)
+                                                 or str(self.study["name"]))
 
     def _write_job_files(self, out_dir: Path, point: dict[str, Any],
                          value: dict[str, Any] | None, row: dict[str, Any],

@@ -235,6 +235,20 @@ class ParallelLatencyModel:
             self._cache[shape] = v
         return v
 
+    def decode_steps_ns(self, shape: BatchShape, k: int) -> list[int]:
+        """:meth:`iteration_ns` of ``k`` consecutive steps of the same decodes (step ``i`` has
+        every decode ``i`` tokens further; the engine's decode spans): the same integers.
+        With one stage the collectives and host I/O depend only on the step's token count,
+        which a decode run keeps, so they are added to the rank's own bulk prices
+        (``compute.decode_steps_ns`` when it has one); otherwise one call per step."""
+        shape = self._own(shape)
+        bulk = getattr(self.compute, "decode_steps_ns", None)
+        if self.layout.pp != 1 or bulk is None:
+            return [self.iteration_ns(ProfiledLatencyModel._advanced(shape, i)) for i in range(k)]
+        T = shape.total_tokens
+        extra = self.model.num_layers * self.block_comm_ns(T) + self.host_io_ns(T)
+        return [c + extra for c in bulk(shape, k)]
+
     def _own(self, shape: BatchShape) -> BatchShape:
         """Drop the group's gathered MoE token count where this layout's experts don't see it."""
         if shape.moe_tokens and not self._gathers:

@@ -72,3 +72,34 @@ def test_measured_bundle(measured, run):
 def test_prefill_shapes_are_refused(models):
     with pytest.raises(ValueError, match="prefill"):
         models[0].decode_steps_ns(BatchShape(20, 2, 16, 0, 1, 5, 5, 5), 3)
+
+
+@pytest.fixture(scope="module")
+def parallel_models(tmp_path_factory):
+    """Instances over a synthetic rank model: TP 2 (all-reduces), TP 2 x EP 2 on an MoE model
+    (all-reduce and EP collectives), and a two-stage pipeline (the per-step fallback)."""
+    from profiles.parallel.latency import ParallelLatencyModel
+    from profiles.parallel.layout import ParallelLayout, build_network
+
+    root: Path = tmp_path_factory.mktemp("parallel")
+    out = []
+    for name, spec, layout in (
+        ("tp2", TINY, ParallelLayout(tp=2)),
+        ("moe", TINY_MOE, ParallelLayout(tp=2, ep=2)),
+        ("pp2", TINY, ParallelLayout(pp=2)),
+    ):
+        compute = make_model(root / name, spec, skew=SKEW, host_mem_bw_gbs=None)
+        network = build_network(layout, 100.0, 500.0, 1000.0)  # GB/s, ns, GB/s
+        out.append(ParallelLatencyModel(compute, spec, layout, network))
+    return out
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=decode_runs(max_kv=400), which=st.integers(0, 2))
+def test_parallel_instances(parallel_models, run, which):
+    """``ParallelLatencyModel.decode_steps_ns`` is its per-step ``iteration_ns`` too."""
+    model = parallel_models[which]
+    shape, k = run
+    bulk = model.decode_steps_ns(shape, k)
+    assert bulk == [model.iteration_ns(ProfiledLatencyModel._advanced(shape, i)) for i in range(k)]
+    assert all(type(v) is int for v in bulk)

@@ -35,7 +35,7 @@ COMPILED = (
     "engine.kv_cache",
     "engine.scheduler",
     "engine.instance",
-    "profiles.latency",  # the bundle latency model: no .pxd, compiled as it is
+    "profiles.latency",  # the bundle latency model (C types for its interpolation primitives)
 )
 
 

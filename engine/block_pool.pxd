@@ -1,6 +1,8 @@
 # C types for engine/block_pool.py (compiled by setup.py; the .py is the implementation).
 cimport cython
 
+cdef int _EMPTY, _GONE
+
 cdef class BlockPool:
     cdef public Py_ssize_t num_blocks
     cdef public bint enable_caching
@@ -10,7 +12,11 @@ cdef class BlockPool:
     cdef int[::1] _next
     cdef int[::1] _prev
     cdef public Py_ssize_t num_free
-    cdef public dict cached
+    cdef unsigned long long[::1] _ikeys
+    cdef int[::1] _ivals
+    cdef Py_ssize_t _imask
+    cdef Py_ssize_t _ilive
+    cdef Py_ssize_t _ifill
     cdef dict _dupes
     cdef public long long num_evictions
 
@@ -18,7 +24,14 @@ cdef class BlockPool:
     cdef inline void _unlink(self, Py_ssize_t b)
     @cython.locals(nxt="int[::1]", prv="int[::1]", sentinel=int, tail=int)
     cdef inline void _append(self, Py_ssize_t b)
-    @cython.locals(more=list)
+    @cython.locals(keys="unsigned long long[::1]", vals="int[::1]", mask=Py_ssize_t, i=Py_ssize_t, v=int)
+    cdef Py_ssize_t _find(self, unsigned long long h)
+    @cython.locals(i=Py_ssize_t)
+    cpdef Py_ssize_t lookup(self, unsigned long long h)
+    @cython.locals(keys="unsigned long long[::1]", vals="int[::1]", mask=Py_ssize_t, i=Py_ssize_t, v=int,
+                   free=Py_ssize_t)
+    cdef Py_ssize_t _index(self, unsigned long long h, Py_ssize_t b)
+    @cython.locals(more=list, i=Py_ssize_t)
     cpdef _evict(self, Py_ssize_t b)
     @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t, ref="int[::1]", bh=list,
                    nxt="int[::1]")
@@ -27,5 +40,5 @@ cdef class BlockPool:
     cpdef touch(self, list blocks)
     @cython.locals(b=Py_ssize_t, r=int, ref="int[::1]")
     cpdef free_blocks(self, list ordered)
-    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, bh=list, cached=dict, more=list)
+    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, bh=list, more=list)
     cpdef cache_full_blocks(self, list blocks, list block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)

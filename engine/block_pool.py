@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from array import array
 
+_EMPTY = -1  # prefix-index slot values besides block ids: never used ...
+_GONE = -2  # ... and used, its entry deleted (probes go on past it)
+
 
 class BlockPoolError(RuntimeError):
     """An internal ledger invariant was broken (a bug, never a user error)."""
@@ -36,7 +39,11 @@ class BlockPool:
         "_next",
         "_prev",
         "num_free",
-        "cached",
+        "_ikeys",
+        "_ivals",
+        "_imask",
+        "_ilive",
+        "_ifill",
         "_dupes",
         "num_evictions",
     )
@@ -64,10 +71,18 @@ class BlockPool:
         self._prev[1] = sentinel
         self._prev[sentinel] = num_blocks - 1
         self.num_free = num_blocks - 1
-        # hash -> the first block inserted under it (returned on lookup); further blocks
-        # carrying the same hash (cache_full_blocks does not de-duplicate) in ``_dupes``, in
-        # insertion order.
-        self.cached: dict[int, int] = {}
+        # The prefix-cache index, hash -> the first block inserted under it (returned on
+        # lookup): an open-addressing table with linear probing over a power-of-two number of
+        # slots, at least twice the blocks (each cached block indexes at most one hash), so a
+        # probe is short; a slot's value is a block id, _EMPTY or _GONE (deleted). Further
+        # blocks carrying the same hash (cache_full_blocks does not de-duplicate) in
+        # ``_dupes``, in insertion order.
+        cap = 1 << (2 * num_blocks + 1).bit_length()
+        self._ikeys = array("Q", bytes(8 * cap))
+        self._ivals = array("i", [_EMPTY]) * cap
+        self._imask = cap - 1
+        self._ilive = 0  # slots holding a block
+        self._ifill = 0  # slots holding a block or _GONE (probes stop only at _EMPTY)
         self._dupes: dict[int, list[int]] = {}
         self.num_evictions = 0
 
@@ -99,34 +114,86 @@ class BlockPool:
         prv[sentinel] = b
 
     # -- prefix-cache index -----------------------------------------------------------
-    def get_cached_block(self, h: int) -> int | None:
-        return self.cached.get(h)
+    def _find(self, h: int) -> int:
+        """The slot holding hash ``h``, or -1."""
+        keys, vals, mask = self._ikeys, self._ivals, self._imask
+        i = h & mask
+        while True:
+            v = vals[i]
+            if v == _EMPTY:
+                return -1
+            if v != _GONE and keys[i] == h:
+                return i
+            i = (i + 1) & mask
+
+    def lookup(self, h: int) -> int:
+        """The block a prefix lookup of hash ``h`` finds (the first cached under it), or -1."""
+        i = self._find(h)
+        return self._ivals[i] if i >= 0 else -1
+
+    def _index(self, h: int, b: int) -> int:
+        """Index block ``b`` under ``h`` unless ``h`` is indexed already; the block now
+        indexed under ``h`` (``b``, or the earlier one)."""
+        keys, vals, mask = self._ikeys, self._ivals, self._imask
+        i = h & mask
+        free = -1
+        while True:
+            v = vals[i]
+            if v == _EMPTY:
+                break
+            if v == _GONE:
+                if free < 0:
+                    free = i
+            elif keys[i] == h:
+                return v
+            i = (i + 1) & mask
+        if free < 0:
+            free = i
+            self._ifill += 1
+        keys[free] = h
+        vals[free] = b
+        self._ilive += 1
+        if 4 * self._ifill > 3 * (mask + 1):  # too few empty slots: drop the deleted ones
+            self._rehash()
+        return b
+
+    def _rehash(self) -> None:
+        keys, vals = self._ikeys, self._ivals
+        live = [(keys[i], vals[i]) for i in range(self._imask + 1) if vals[i] >= 0]
+        for i in range(self._imask + 1):
+            vals[i] = _EMPTY
+        self._ifill = self._ilive = 0
+        for h, b in live:
+            self._index(h, b)
 
     def blocks_with_hash(self, h: int) -> list[int]:
         """Every block carrying hash ``h``, the one lookups return first."""
-        first = self.cached.get(h)
-        if first is None:
+        first = self.lookup(h)
+        if first < 0:
             return []
         return [first, *self._dupes.get(h, ())]
 
     def cache_groups(self) -> list[list[int]]:
-        """The prefix-cache index: per hash, its blocks in insertion order."""
-        return [self.blocks_with_hash(h) for h in self.cached]
+        """The prefix-cache index: per hash, its blocks (the one lookups return first)."""
+        keys, vals = self._ikeys, self._ivals
+        return [self.blocks_with_hash(keys[i]) for i in range(self._imask + 1) if vals[i] >= 0]
 
     def num_cached_blocks(self) -> int:
         """Blocks that carry a hash (hit-able until evicted)."""
-        return len(self.cached) + sum(len(v) for v in self._dupes.values())
+        return self._ilive + sum(len(v) for v in self._dupes.values())
 
     def _evict(self, b: int) -> None:
         h = self.block_hash[b]
         if h is None:
             return
-        more = self._dupes.get(h)
+        i = self._find(h)
+        more = self._dupes.get(h) if self._dupes else None
         if more is None:  # the only block under h
-            del self.cached[h]
+            self._ivals[i] = _GONE
+            self._ilive -= 1
         else:
-            if self.cached[h] == b:
-                self.cached[h] = more.pop(0)
+            if self._ivals[i] == b:
+                self._ivals[i] = more.pop(0)
             else:
                 more.remove(b)
             if not more:
@@ -178,14 +245,13 @@ class BlockPool:
     ) -> None:
         """Register blocks ``[num_cached, num_full)`` of a request under their chained hashes."""
         bh = self.block_hash
-        cached = self.cached
         for i in range(num_cached, num_full):
             b = blocks[i]
             if bh[b] is not None:
                 raise BlockPoolError(f"block {b} cached twice")
             h = block_hashes[i]
             bh[b] = h
-            if cached.setdefault(h, b) != b:  # h already indexed: b joins its duplicates
+            if self._index(h, b) != b:  # h already indexed: b joins its duplicates
                 more = self._dupes.get(h)
                 if more is None:
                     self._dupes[h] = [b]
@@ -214,9 +280,10 @@ class BlockPool:
                 raise BlockPoolError(f"block {b}: ref_cnt {self.ref_cnt[b]} != owners {counts[b]}")
             if (b in free) != (self.ref_cnt[b] == 0):
                 raise BlockPoolError(f"block {b}: free-queue membership disagrees with ref_cnt")
-        for h in self.cached:
-            for b in self.blocks_with_hash(h):
-                if self.block_hash[b] != h:
+        for group in self.cache_groups():
+            h = self.block_hash[group[0]]
+            for b in group:
+                if h is None or self.block_hash[b] != h or self.lookup(h) != group[0]:
                     raise BlockPoolError(f"block {b} indexed under a hash it does not carry")
         n_hashed = sum(1 for h in self.block_hash if h is not None)
         if n_hashed != self.num_cached_blocks():

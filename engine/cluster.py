@@ -89,10 +89,10 @@ def _prefix_hit_tokens(m: Member, req: Request) -> int:
     kv = m.scheduler.kv
     if not kv.enable_caching:
         return 0
-    cached = kv.pool.cached
+    lookup = kv.pool.lookup
     n = 0
     for h in req.block_hashes[: (req.num_tokens - 1) // kv.block_size]:
-        if h not in cached:
+        if lookup(h) < 0:
             break
         n += 1
     return n * kv.block_size

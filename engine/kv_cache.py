@@ -120,11 +120,11 @@ class KVCacheManager:
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits: list[int] = []
-        cached = self.pool.cached
+        pool = self.pool
         hashes = req.hashes(max_blocks)
         for i in range(max_blocks):
-            b = cached.get(hashes[i])
-            if b is None:
+            b = pool.lookup(hashes[i])
+            if b < 0:
                 break
             hits.append(b)
         n = len(hits) * self.block_size

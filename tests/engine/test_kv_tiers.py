@@ -234,7 +234,7 @@ def test_evicted_prefix_comes_back_from_cpu_with_recall_charged() -> None:
     h.add("b", toks(50_000, 520), 2)
     h.drain()
     npu_left = 0
-    while h.requests["a"].block_hashes[npu_left] in h.kv.pool.cached:
+    while h.kv.pool.lookup(h.requests["a"].block_hashes[npu_left]) >= 0:
         npu_left += 1
     assert 0 < npu_left < 32
     # a's prompt again: NPU hit of npu_left blocks, the rest of both chunks from the CPU tier.
@@ -264,7 +264,7 @@ def test_without_tier_the_same_request_recomputes_the_prefix() -> None:
     for _ in range(10):
         h.step()
     npu_left = 0
-    while h.requests["a"].block_hashes[npu_left] in h.kv.pool.cached:
+    while h.kv.pool.lookup(h.requests["a"].block_hashes[npu_left]) >= 0:
         npu_left += 1
     assert npu_left < 32
     h.add("c", prompt, 2)
@@ -280,7 +280,7 @@ def test_full_prompt_in_tier_recomputes_one_token_and_loads_every_block() -> Non
     h.drain()
     h.add("b", toks(50_000, 560), 1)  # 35 blocks: evicts all of a's NPU blocks
     h.drain()
-    assert h.requests["a"].block_hashes[0] not in h.kv.pool.cached
+    assert h.kv.pool.lookup(h.requests["a"].block_hashes[0]) < 0
     c = h.add("c", prompt, 1)
     step = h.run_step()
     assert step.num_tokens == [1] and c.prefix_hit_tokens == 511

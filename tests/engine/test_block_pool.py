@@ -1,0 +1,52 @@
+"""The block pool's prefix-cache index (an open-addressing table in C columns) behaves as a
+dict from hash to the first block cached under it, whatever the probe sequences: hashes are
+drawn to collide on their low bits, and enough blocks are cached and evicted to purge deleted
+slots many times."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.block_pool import BlockPool
+
+# Few distinct low bits, many high ones (hashes that share a home slot), or anywhere (empty
+# slots keep filling with deleted entries until the table is purged).
+HASHES = st.one_of(
+    st.builds(lambda lo, hi: (hi << 40) | lo, st.integers(0, 3), st.integers(0, 2**23)),
+    st.integers(0, 2**64 - 7),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["cache", "free"]), HASHES, st.integers(1, 6)),
+                    max_size=400))
+def test_prefix_index_is_a_dict_of_first_blocks(ops) -> None:
+    pool = BlockPool(12)
+    model: dict[int, list[int]] = {}  # hash -> blocks carrying it, first inserted first
+    held: list[list[int]] = []
+    for op, h, k in ops:
+        if op == "cache" and pool.num_free:
+            k = min(k, pool.num_free)
+            got = pool.get_new_blocks(k)
+            for b in got:  # an allocation evicts what the block carried
+                for key, blocks in list(model.items()):
+                    if b in blocks:
+                        blocks.remove(b)
+                        if not blocks:
+                            del model[key]
+            hashes = [h + i for i in range(k)]  # a request's chain: distinct within it
+            pool.cache_full_blocks(got, hashes, 0, k)
+            for b, hh in zip(got, hashes, strict=True):
+                model.setdefault(hh, []).append(b)
+            held.append(got)
+        elif op == "free" and held:
+            pool.free_blocks(list(reversed(held.pop(h % len(held)))))
+        for key, blocks in model.items():
+            assert pool.lookup(key) == blocks[0]
+            assert pool.blocks_with_hash(key) == blocks
+        absent = h ^ (1 << 63)
+        if absent not in model:
+            assert pool.lookup(absent) == -1
+        assert pool.num_cached_blocks() == sum(len(v) for v in model.values())
+        pool.check_invariants(held)

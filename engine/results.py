@@ -16,15 +16,17 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from engine.instance import StepLog
 from engine.memory import KVCapacity
 from engine.request import Request, TokenLog
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 NS_PER_S = 1_000_000_000
 
@@ -407,7 +409,7 @@ class RequestStream:
         self.delivered = delivered
         self.rows_written = 0  # every request index below this is in the file
         self._next_try = chunk_rows
-        self._writer: pq.ParquetWriter | None = None
+        self._writer: pq.ParquetWriter | None = None  # the file, once the first rows are in
         self._partial = self.path.with_name(self.path.name + ".partial")
 
     def add(self, req: Request, send_ns: int | None = None, instance: int = -1) -> None:
@@ -439,6 +441,11 @@ class RequestStream:
         rec.keep(np.flatnonzero(rest))
 
     def _write(self, rows: np.ndarray) -> None:
+        # pyarrow only here: a streamed run needs it, importing the engine does not (the
+        # scheduler-fidelity venv has no pyarrow; it costs every other import ~0.2 s).
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         frame = self.records.frame(rows, client=self.client, instances=self.instances)
         if self._writer is None:
             self._partial.parent.mkdir(parents=True, exist_ok=True)

@@ -2,12 +2,12 @@ cimport cython
 from engine.scheduler cimport Scheduler
 
 cdef class StepLog:
-    cdef public list end_ns
-    cdef public list running
-    cdef public list waiting
-    cdef public list usage
-    cdef public list prompt_tokens
-    cdef public list gen_tokens
+    cdef public object end_ns
+    cdef public object running
+    cdef public object waiting
+    cdef public object usage
+    cdef public object prompt_tokens
+    cdef public object gen_tokens
 
 cdef class EngineUnit:
     cdef public list members

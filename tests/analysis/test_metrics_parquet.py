@@ -17,26 +17,15 @@ from analysis.metrics import (
     metrics_from_parquet,
     statistic,
 )
-from engine.batch import BatchShape
 from engine.deployment import InstanceSpec
 from engine.frontend import FrontEndSpec
 from engine.memory import KVCapacity
 from engine.simulate import simulate_cluster
-from engine.specs import ConfigError, EngineConfig, HardwareSpec
-from profiles.catalog import load_model
+from engine.specs import ConfigError, EngineConfig
+
+# The streaming tests' model, card and KV-dependent step latency (steps of different lengths).
+from tests.engine.test_results_stream import HW, MODEL, KvLatency
 from workloads import synthetic
-
-MODEL = load_model("meta-llama/Llama-3.1-8B")
-HW = HardwareSpec("card", 96.0, 1000.0, 100.0, 200.0)
-
-
-class KvLatency:
-    def iteration_ns(self, shape: BatchShape) -> int:
-        kv = shape.decode_kv_sum // shape.num_decode if shape.num_decode else 0
-        return 1_000_000 + 10_000 * shape.total_tokens + 37 * kv
-
-    def stage_ns(self, shape: BatchShape) -> int:
-        return self.iteration_ns(shape)
 
 
 @settings(max_examples=300, deadline=None)

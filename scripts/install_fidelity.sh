@@ -17,7 +17,8 @@
 #   multi-GB CUDA build).
 # - vLLM with --no-deps (its metadata pins a CUDA torch), then only the modules the
 #   scheduler import path needs.
-# - this project with --no-deps, plus the few runtime modules engine/ and workloads/ import.
+# - this project with --no-deps (its compiled core built by pip in an isolated build env),
+#   plus the few runtime modules engine/ and workloads/ import.
 set -euo pipefail
 
 VLLM_VERSION="0.19.1"
@@ -76,7 +77,9 @@ build() {
 # counts: CPU torch, vLLM's schedulers import, engine/ and fidelity/ come from this checkout.
 # Run from / so that the imports come from the installed package, not from the current folder.
 install_and_check() {
-  "${PIP[@]}" --no-deps --no-build-isolation -e "$REPO" || return 1
+  # With build isolation: pip fetches what pyproject.toml's [build-system] lists (setuptools,
+  # Cython) to compile the engine's core for this venv's Python.
+  "${PIP[@]}" --no-deps -e "$REPO" || return 1
   (cd / && REPO="$REPO" VLLM_VERSION="$VLLM_VERSION" "$VENV/bin/python" - <<'PY'
 import os
 from pathlib import Path

@@ -51,6 +51,13 @@ class StampedBuildExt(build_ext):
 
     def run(self) -> None:
         super().run()
+        if not self.inplace:  # a wheel takes build_lib whole: no module of an earlier build
+            lib = Path(self.build_lib)
+            for top in {m.split(".")[0] for m in COMPILED}:
+                for f in (lib / top).rglob("*.so"):
+                    name = ".".join(f.relative_to(lib).with_name(f.name.split(".", 1)[0]).parts)
+                    if name not in COMPILED:
+                        f.unlink()
         stamp = json.dumps({m: _pure.digest(m) for m in COMPILED}, indent=1, sort_keys=True)
         targets = [HERE / STAMP]
         if not self.inplace:

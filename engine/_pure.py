@@ -64,11 +64,19 @@ def digest(module: str) -> str:
 
 
 def check_fresh() -> None:
-    """Refuse to run a compiled module whose source changed after it was built (it would run
-    the old code): the error names the modules and the fix."""
+    """Refuse to run a compiled module whose source changed after it was built, or an
+    extension module the build did not make (either would run old code): the error names the
+    modules and the fix."""
     if not STAMP.is_file():
         return  # never built here: every module runs from source
     built = json.loads(STAMP.read_text())
+    strays = sorted(set(extension_modules({m.split(".")[0] for m in built})) - set(built))
+    if strays:
+        raise ImportError(
+            f"extension modules not part of the compiled core's build: {', '.join(strays)} "
+            "(left over from an earlier build, they would run old code): delete their .so "
+            "files and rebuild with `pip install -e .`"
+        )
     stale = sorted(m for m, d in built.items() if digest(m) != d)
     if stale:
         raise ImportError(
@@ -76,6 +84,18 @@ def check_fresh() -> None:
             "since the build): rebuild it with `pip install -e .` (or `python setup.py "
             f"build_ext --inplace`), or run the sources as they are with {ENV}=1"
         )
+
+
+def extension_modules(packages: set[str]) -> list[str]:
+    """Dotted names of the extension modules found under these top-level packages."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    out = []
+    for top in packages:
+        for f in (_ROOT / top).rglob("*.so"):
+            if f.name.endswith(suffixes):
+                rel = f.relative_to(_ROOT).with_name(f.name.split(".", 1)[0])
+                out.append(".".join(rel.parts))
+    return out
 
 
 def install() -> None:

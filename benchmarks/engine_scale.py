@@ -35,8 +35,9 @@ before any request exists).
         [--repeat R] [--compare REV] [--stream] [--workload lazy|list]
 
 ``--compare REV`` runs the same measurement on the engine of git revision ``REV`` (extracted
-with ``git archive`` into a temporary directory, imported through ``PYTHONPATH``; the
-repository is not touched), alternating with the current tree, and prints both side by side
+with ``git archive`` into a temporary directory, its compiled core built there if it has one
+(``setup.py build_ext --inplace``), imported through ``PYTHONPATH``; the repository is not
+touched), alternating with the current tree, and prints both side by side
 with their ratio. Figures are medians over ``--repeat`` runs; the machine's load average is
 printed with them (the machine is shared).
 
@@ -266,6 +267,11 @@ def main() -> int:
             ["git", "-C", str(REPO), "archive", args.compare], check=True, capture_output=True
         ).stdout
         subprocess.run(["tar", "-x", "-C", tmp.name], input=archive, check=True)
+        if (Path(tmp.name) / "setup.py").is_file():  # a tree with a compiled core: build it,
+            # or it would run interpreted (its engine refuses nothing without a stamp)
+            print(f"building {args.compare}'s compiled core ...", file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                           cwd=tmp.name, check=True, capture_output=True)
         trees[f"previous ({args.compare})"] = Path(tmp.name)
     load_before = _loadavg()
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}

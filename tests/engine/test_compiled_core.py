@@ -12,6 +12,7 @@ by a measured bundle (the compiled ``profiles.latency``).
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import pickle
@@ -163,17 +164,18 @@ def test_a_core_older_than_its_sources_is_refused(tmp_path, monkeypatch):
 def test_an_extension_module_the_build_did_not_make_is_refused(tmp_path, monkeypatch):
     """A .so left from an earlier build (a module since dropped from setup.py's list) would be
     imported instead of its .py: importing the engine then fails, naming it."""
+    so = importlib.machinery.EXTENSION_SUFFIXES[0]  # this interpreter's, e.g. .cpython-311-...so
     (tmp_path / "engine").mkdir()
     (tmp_path / "engine" / "kept.py").write_text("x = 1\n")
-    (tmp_path / "engine" / "kept.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
-    (tmp_path / "engine" / "dropped.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    (tmp_path / "engine" / f"kept{so}").write_bytes(b"")
+    (tmp_path / "engine" / f"dropped{so}").write_bytes(b"")
     monkeypatch.setattr(_pure, "_ROOT", tmp_path)
     stamp = tmp_path / "stamp.json"
     stamp.write_text(json.dumps({"engine.kept": _pure.digest("engine.kept")}))
     monkeypatch.setattr(_pure, "STAMP", stamp)
     with pytest.raises(ImportError, match=r"engine\.dropped \(left over"):
         _pure.check_fresh()
-    (tmp_path / "engine" / "dropped.cpython-311-x86_64-linux-gnu.so").unlink()
+    (tmp_path / "engine" / f"dropped{so}").unlink()
     _pure.check_fresh()  # only what the build made: nothing raised
 
 

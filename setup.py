@@ -4,9 +4,10 @@ The scheduler, KV cache manager, block pool, request state and engine loop
 (``engine/{request,block_pool,kv_cache,scheduler,instance}.py``) and the bundle latency model
 (``profiles/latency.py``) are compiled by Cython from their own Python sources; the C types of
 their attributes and hot locals are declared beside them in the matching ``.pxd`` files
-("augmenting" declarations: the ``.py`` stays plain, runnable Python). One implementation of the logic: the uncompiled sources are the oracle the
-tests compare the compiled modules against step for step (``SERVESWEEP_PURE_PYTHON=1``,
-``engine/_pure.py``). Everything else in ``pyproject.toml``.
+("augmenting" declarations: the ``.py`` stays plain, runnable Python). One implementation of
+the logic: the uncompiled sources are the oracle the tests compare the compiled modules
+against step for step (``SERVESWEEP_PURE_PYTHON=1``, ``engine/_pure.py``). Everything else
+in ``pyproject.toml``.
 """
 
 import importlib.util
@@ -39,10 +40,10 @@ COMPILED = (
 )
 
 
-
 class StampedBuildExt(build_ext):
     """build_ext that records the source digests of the modules it built (in the source tree
-    for an in-place / editable build, in the build tree otherwise)."""
+    for an in-place / editable build, in the build tree otherwise) and, for a wheel, drops
+    extension modules of earlier builds from the build tree."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
@@ -51,20 +52,19 @@ class StampedBuildExt(build_ext):
 
     def run(self) -> None:
         super().run()
-        if not self.inplace:  # a wheel takes build_lib whole: no module of an earlier build
-            lib = Path(self.build_lib)
-            for top in {m.split(".")[0] for m in COMPILED}:
-                for f in (lib / top).rglob("*.so"):
-                    name = ".".join(f.relative_to(lib).with_name(f.name.split(".", 1)[0]).parts)
-                    if name not in COMPILED:
-                        f.unlink()
+        if self.inplace:
+            root = HERE
+        else:  # a wheel takes build_lib whole: no module of an earlier build
+            root = Path(self.build_lib)
+            built = _pure.extension_modules({m.split(".")[0] for m in COMPILED}, root)
+            for name, f in built.items():
+                if name not in COMPILED:
+                    f.unlink()
+        # Beside the modules it describes only (a stamp in the source tree without built
+        # modules there would refuse the sources once they change).
         stamp = json.dumps({m: _pure.digest(m) for m in COMPILED}, indent=1, sort_keys=True)
-        targets = [HERE / STAMP]
-        if not self.inplace:
-            targets.append(Path(self.build_lib) / STAMP)
-        for t in targets:
-            t.parent.mkdir(parents=True, exist_ok=True)
-            t.write_text(stamp + "\n")
+        (root / STAMP).parent.mkdir(parents=True, exist_ok=True)
+        (root / STAMP).write_text(stamp + "\n")
 
 
 setup(

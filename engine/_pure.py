@@ -86,15 +86,17 @@ def check_fresh() -> None:
         )
 
 
-def extension_modules(packages: set[str]) -> list[str]:
-    """Dotted names of the extension modules found under these top-level packages."""
+def extension_modules(packages: set[str], root: Path | None = None) -> dict[str, Path]:
+    """The extension modules under these top-level packages of ``root`` (None: this
+    project's directory): dotted name -> file."""
+    root = _ROOT if root is None else root
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    out = []
+    out = {}
     for top in packages:
-        for f in (_ROOT / top).rglob("*.so"):
+        for f in (root / top).rglob("*.so"):
             if f.name.endswith(suffixes):
-                rel = f.relative_to(_ROOT).with_name(f.name.split(".", 1)[0])
-                out.append(".".join(rel.parts))
+                rel = f.relative_to(root).with_name(f.name.split(".", 1)[0])
+                out[".".join(rel.parts)] = f
     return out
 
 

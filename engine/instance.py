@@ -87,7 +87,6 @@ class Member:
 class EngineUnit:
     """Drives one engine core (``len(members) == 1``) or one DP group in lock-step."""
 
-
     def __init__(
         self,
         members: Sequence[Member],
@@ -219,10 +218,11 @@ class EngineUnit:
                     if m.arrived_kv:
                         self._admit_arrived_kv(m)
                 steps = [m.scheduler.schedule(t) for m in members]
-                busy = False
+                busy = False  # any member with a batch (a loop: no generator in cpdef)
                 for s in steps:
                     if s.reqs:
                         busy = True
+                        break
                 if busy:
                     it, stage = self._duration(steps)
                     start = t if t > self.gpu_free_at else self.gpu_free_at

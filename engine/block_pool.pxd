@@ -20,25 +20,23 @@ cdef class BlockPool:
     cdef dict _dupes
     cdef public long long num_evictions
 
-    @cython.locals(nxt="int[::1]", prv="int[::1]", n=int, p=int)
+    @cython.locals(n=int, p=int)
     cdef inline void _unlink(self, Py_ssize_t b)
-    @cython.locals(nxt="int[::1]", prv="int[::1]", sentinel=int, tail=int)
+    @cython.locals(sentinel=int, tail=int)
     cdef inline void _append(self, Py_ssize_t b)
-    @cython.locals(keys="unsigned long long[::1]", vals="int[::1]", mask=Py_ssize_t, i=Py_ssize_t, v=int)
+    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v=int)
     cdef Py_ssize_t _find(self, unsigned long long h)
     @cython.locals(i=Py_ssize_t)
     cpdef Py_ssize_t lookup(self, unsigned long long h)
-    @cython.locals(keys="unsigned long long[::1]", vals="int[::1]", mask=Py_ssize_t, i=Py_ssize_t, v=int,
-                   free=Py_ssize_t)
+    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v=int, free=Py_ssize_t)
     cdef Py_ssize_t _index(self, unsigned long long h, Py_ssize_t b)
     @cython.locals(more=list, i=Py_ssize_t)
     cpdef _evict(self, Py_ssize_t b)
-    @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t, ref="int[::1]", bh=list,
-                   nxt="int[::1]")
+    @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t, bh=list)
     cpdef list get_new_blocks(self, Py_ssize_t n)
-    @cython.locals(b=Py_ssize_t, ref="int[::1]")
+    @cython.locals(b=Py_ssize_t)
     cpdef touch(self, list blocks)
-    @cython.locals(b=Py_ssize_t, r=int, ref="int[::1]")
+    @cython.locals(b=Py_ssize_t, r=int)
     cpdef free_blocks(self, list ordered)
     @cython.locals(i=Py_ssize_t, b=Py_ssize_t, bh=list, more=list)
     cpdef cache_full_blocks(self, list blocks, list block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)

@@ -97,32 +97,32 @@ class BlockPool:
             b = nxt[b]
         return out
 
+    # The columns are read through ``self`` rather than local names: a compiled local
+    # memoryview would take and drop a reference to its buffer on every call.
     def _unlink(self, b: int) -> None:
-        nxt, prv = self._next, self._prev
-        n, p = nxt[b], prv[b]
-        nxt[p] = n
-        prv[n] = p
-        nxt[b] = prv[b] = -1
+        n, p = self._next[b], self._prev[b]
+        self._next[p] = n
+        self._prev[n] = p
+        self._next[b] = self._prev[b] = -1
 
     def _append(self, b: int) -> None:
-        nxt, prv = self._next, self._prev
         sentinel = self.num_blocks
-        tail = prv[sentinel]
-        nxt[tail] = b
-        prv[b] = tail
-        nxt[b] = sentinel
-        prv[sentinel] = b
+        tail = self._prev[sentinel]
+        self._next[tail] = b
+        self._prev[b] = tail
+        self._next[b] = sentinel
+        self._prev[sentinel] = b
 
     # -- prefix-cache index -----------------------------------------------------------
     def _find(self, h: int) -> int:
         """The slot holding hash ``h``, or -1."""
-        keys, vals, mask = self._ikeys, self._ivals, self._imask
+        mask = self._imask
         i = h & mask
         while True:
-            v = vals[i]
+            v = self._ivals[i]
             if v == _EMPTY:
                 return -1
-            if v != _GONE and keys[i] == h:
+            if v != _GONE and self._ikeys[i] == h:
                 return i
             i = (i + 1) & mask
 
@@ -134,24 +134,24 @@ class BlockPool:
     def _index(self, h: int, b: int) -> int:
         """Index block ``b`` under ``h`` unless ``h`` is indexed already; the block now
         indexed under ``h`` (``b``, or the earlier one)."""
-        keys, vals, mask = self._ikeys, self._ivals, self._imask
+        mask = self._imask
         i = h & mask
         free = -1
         while True:
-            v = vals[i]
+            v = self._ivals[i]
             if v == _EMPTY:
                 break
             if v == _GONE:
                 if free < 0:
                     free = i
-            elif keys[i] == h:
+            elif self._ikeys[i] == h:
                 return v
             i = (i + 1) & mask
         if free < 0:
             free = i
             self._ifill += 1
-        keys[free] = h
-        vals[free] = b
+        self._ikeys[free] = h
+        self._ivals[free] = b
         self._ilive += 1
         if 4 * self._ifill > 3 * (mask + 1):  # too few empty slots: drop the deleted ones
             self._rehash()
@@ -206,36 +206,34 @@ class BlockPool:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
-        ref, bh, nxt = self._ref, self.block_hash, self._next
+        bh = self.block_hash
         sentinel = self.num_blocks
         out = []
         for _ in range(n):
-            b = nxt[sentinel]
+            b = self._next[sentinel]
             self._unlink(b)
             if bh[b] is not None:
                 self._evict(b)
-            ref[b] = 1
+            self._ref[b] = 1
             out.append(b)
         self.num_free -= n
         return out
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
-        ref = self._ref
         for b in blocks:
-            if ref[b] == 0:
+            if self._ref[b] == 0:
                 self._unlink(b)
                 self.num_free -= 1
-            ref[b] += 1
+            self._ref[b] += 1
 
     def free_blocks(self, ordered: list[int]) -> None:
         """Drop one reference on each block; blocks reaching 0 go to the tail in this order."""
-        ref = self._ref
         for b in ordered:
-            r = ref[b] - 1
+            r = self._ref[b] - 1
             if r < 0:
                 raise BlockPoolError(f"block {b} freed more often than it was referenced")
-            ref[b] = r
+            self._ref[b] = r
             if r == 0:
                 self._append(b)
                 self.num_free += 1

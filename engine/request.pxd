@@ -7,6 +7,9 @@ cdef unsigned long long _M64, _MUL, _FMIX1, _FMIX2
 cdef unsigned long long _hash_block(unsigned long long parent, const long long[::1] ids,
                                     Py_ssize_t start, Py_ssize_t n)
 
+@cython.locals(i=Py_ssize_t)
+cdef void _fill_range(long long[::1] out, long long start, long long step)
+
 @cython.locals(k=Py_ssize_t)
 cpdef _hash_blocks(unsigned long long parent, const long long[::1] ids, Py_ssize_t first,
                    Py_ssize_t end, Py_ssize_t block_size, list out)

@@ -49,13 +49,21 @@ PREEMPTED = RequestStatus.PREEMPTED
 FINISHED = RequestStatus.FINISHED
 
 
+def _fill_range(out: array, start: int, step: int) -> None:
+    """``out[i] = start + i * step`` for every slot (a C loop when compiled)."""
+    for i in range(len(out)):
+        out[i] = start + i * step
+
+
 def _int64_array(ids: Sequence[int]) -> array:
-    """``ids`` as an ``array('q')`` of int64 (ids are range-checked to int64 by the readers)."""
-    out = array("q")
+    """``ids`` as an ``array('q')`` of int64 (ids are range-checked to int64 by the readers;
+    a ``range``, the generated and placeholder ids, is filled without a numpy round trip)."""
     if isinstance(ids, range):
-        out.frombytes(np.arange(ids.start, ids.stop, ids.step, dtype=np.int64).tobytes())
-    else:
-        out.frombytes(np.asarray(ids, dtype=np.int64).tobytes())
+        out = array("q", [0]) * len(ids)
+        _fill_range(out, ids.start, ids.step)
+        return out
+    out = array("q")
+    out.frombytes(np.asarray(ids, dtype=np.int64).tobytes())
     return out
 
 

@@ -21,7 +21,8 @@ slowest member.
 
 Steady decode spans: while nothing can change the schedule (no request reaches the engine, none
 finishes, is in prefill or waits, the free blocks serve every block boundary crossed), the
-steps are identical pure-decode batches. :meth:`EngineUnit.poll` then runs them in bulk
+steps are identical pure-decode batches (async: the step in flight when a span starts may hold
+prefill chunks that end their prompts; their requests decode from the span's first step on). :meth:`EngineUnit.poll` then runs them in bulk
 (:meth:`engine.scheduler.Scheduler.decode_span` for the requests and the KV cache, the step
 latencies at once when the latency model offers ``decode_steps_ns``), with the same result as
 step by step: one :class:`StepLog` entry and one token-log time per step, the same KV calls in
@@ -254,6 +255,7 @@ class EngineUnit:
         span = sched.steady_decode([s[0][0] for s in inflight])
         if span is None:
             return None
+        first_prompt_tokens = inflight[0][0][0].prompt_tokens if inflight else 0
         lat = m.latency
         shape = span.shape
         # times[i] = T_i, the poll at which S_i (and C_i, i >= 1) happen, while before the
@@ -306,7 +308,9 @@ class EngineUnit:
             log.running.append(nreq)
             log.waiting.append(waiting)
             log.usage.append(1.0 - free_after[c - 1] / usable)  # after S_0 .. S_{c-1}
-            log.prompt_tokens.append(0)
+            # C_1 completes the step in flight before the span (its prefill chunks, if any,
+            # ended their prompts); every later one, a span step of decodes only.
+            log.prompt_tokens.append(first_prompt_tokens if c == 1 else 0)
             log.gen_tokens.append(nreq)
         # Still in flight: the steps before the span and the span's schedules, less the n_c
         # oldest (completed).

@@ -37,13 +37,14 @@ cdef class Scheduler:
     @cython.locals(running=list, n=Py_ssize_t, nxt="long long", async_=bint, lag="long long", ph="long long",
                    last=Request, r=Request, cache_async=bint, max_len="long long", limit="long long", dsum="long long",
                    dmin="long long", dmax="long long", c0=list, due=dict, next_s=list, next_u=list, pos=Py_ssize_t,
-                   c="long long", nt="long long", fa="long long", room="long long", i="long long", op="long long", q="long long")
+                   c="long long", nt="long long", fa="long long", room="long long", i="long long", op="long long", q="long long",
+                   openers=list)
     cpdef steady_decode(self, list inflight)
     @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
                    lim_c="long long", lim_s="long long", lag="long long", c0=list, next_s=list, next_u=list, due=dict,
                    free_after=list, op="long long", i="long long", need="long long", p=Py_ssize_t, r=Request,
                    c="long long", after="long long", nt="long long", nt0="long long", upto="long long",
-                   done_s="long long", done_c="long long")
+                   done_s="long long", done_c="long long", log=TokenLog, k1=Py_ssize_t, nxt="long long")
     cpdef tuple decode_span(self, span, list times)
     @cython.locals(finished=list, kv=KVCacheManager, async_=bint, cache_async=bint, max_len="long long",
                    k="long long", g="long long", req=Request, nt="long long", ph="long long", upto="long long")

@@ -41,6 +41,10 @@ class DecodeSpan:
     next_s: list[int]  # per request: the operation of its next schedule-side KV check
     next_u: list[int]  # per request: ... of its next completion-side check (async caching)
     due: dict[int, list[int]]  # operation -> requests (positions) to check then
+    # Requests (positions) whose token at the span's first completion starts a new run of
+    # their token times: async, those whose prompt (or recompute) finished in the step in
+    # flight, so that completion is their first token since admission.
+    openers: list[int]
 
 
 def _first_kv_schedule(r: Request, c0: int, async_: bool) -> int:
@@ -330,8 +334,11 @@ class Scheduler:
         nothing waiting (or every seat taken: with ``max_num_seqs`` running, admission stops
         before it looks at the queue), every running request one decode token behind (sync:
         ``num_computed_tokens == num_tokens - 1``; async: ``== num_tokens`` with one output
-        placeholder, and the step in flight is exactly the running requests, each decoding),
-        every request's token run contiguous, and the token budget covering one token each.
+        placeholder, and the step in flight is exactly the running requests, each sampling a
+        token: a decode, or a prefill chunk that ends its prompt), and the token budget
+        covering one token each. A request whose token run is not contiguous (its first token
+        since admission comes at the span's first completion) opens a new run there, as
+        :meth:`update_from_output` would.
         The same pass files each request's first KV check of the span (see
         :meth:`decode_span`).
         """
@@ -349,7 +356,9 @@ class Scheduler:
             if len(inflight) != 1:
                 return None
             prev = inflight[0]
-            if prev.prompt_tokens or prev.reqs != running or not all(prev.samples):
+            # A prefill entry of the step in flight that samples ends its prompt: its request
+            # now stands where a decoding one does (computed == num_tokens, one placeholder).
+            if prev.reqs != running or not all(prev.samples):
                 return None
             lag, ph = 0, 1
         else:
@@ -368,11 +377,14 @@ class Scheduler:
         due: dict[int, list[int]] = {}
         next_s: list[int] = []
         next_u: list[int] = []
+        openers: list[int] = []
         for pos, r in enumerate(running):
             c = r.num_computed_tokens
             nt = r.num_tokens
-            if r.num_output_placeholders != ph or nt - c != lag or r.tok_next != nxt:
+            if r.num_output_placeholders != ph or nt - c != lag:
                 return None
+            if r.tok_next != nxt:
+                openers.append(pos)
             fa = r.finish_at
             room = (fa if fa < max_len else max_len) - nt
             if room < limit:
@@ -402,7 +414,7 @@ class Scheduler:
         if limit < 2:
             return None
         return DecodeSpan(BatchShape(n, n, 0, 0, n, dsum, dmin, dmax), limit - 1, lag, c0,
-                          next_s, next_u, due)
+                          next_s, next_u, due, openers)
 
     def decode_span(self, span: DecodeSpan, times: list[int]) -> tuple[int, list[int]]:
         """Run the steady span ``span`` (from :meth:`steady_decode`, nothing changed since) as
@@ -486,6 +498,16 @@ class Scheduler:
         self.span_steps += done_s
         if self.waiting:
             self.span_steps_queued += done_s
+        if done_c and span.openers:  # their first token of a new run comes at C_1
+            log = self.token_log
+            k1 = len(log.times)  # C_1's index (the caller appends the completions' times)
+            nxt = log.base + k1
+            for p in span.openers:
+                r = running[p]
+                r.open_run(log, k1)
+                if r.first_token_ns < 0:
+                    r.first_token_ns = times[1]
+                r.tok_next = nxt
         if op:
             for r in running:
                 r.num_computed_tokens += done_s

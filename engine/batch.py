@@ -26,6 +26,17 @@ class BatchShape(NamedTuple):
     moe_tokens: int = 0
 
 
+def decode_advanced(shape: BatchShape, i: int) -> BatchShape:
+    """``shape`` with every decode ``i`` tokens further: step ``i`` of a run of pure-decode
+    steps from ``shape`` (what ``decode_steps_ns`` prices, see :class:`LatencyModel`)."""
+    if i == 0:
+        return shape
+    n = shape.num_decode
+    return BatchShape(shape.total_tokens, shape.num_seqs, shape.prefill_tokens, shape.prefill_kv,
+                      n, shape.decode_kv_sum + i * n, shape.decode_kv_min + i,
+                      shape.decode_kv_max + i, shape.moe_tokens)
+
+
 class LatencyModel(Protocol):
     """Prices one engine step: every method the engine calls. Implemented by ``profiles``
     (measured or roofline bundles, with collectives: ``profiles.parallel.latency``).

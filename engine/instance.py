@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.batch import BatchShape, LatencyModel
+from engine.batch import BatchShape, LatencyModel, decode_advanced
 from engine.deployment import DpPad
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
@@ -322,7 +322,7 @@ class EngineUnit:
                     reqs=list(reqs),
                     num_tokens=[1] * nreq,
                     samples=[True] * nreq,
-                    shape=_advanced(shape, entry),
+                    shape=decode_advanced(shape, entry),
                     total_tokens=nreq,
                 )
                 entry = ([step], ends[entry])
@@ -341,19 +341,10 @@ class EngineUnit:
         return None
 
 
-def _advanced(shape: BatchShape, i: int) -> BatchShape:
-    """``shape`` with every decode ``i`` tokens further (step ``i`` of a decode span)."""
-    if i == 0:
-        return shape
-    n = shape.num_decode
-    return BatchShape(shape.total_tokens, shape.num_seqs, 0, 0, n, shape.decode_kv_sum + i * n,
-                      shape.decode_kv_min + i, shape.decode_kv_max + i, shape.moe_tokens)
-
-
 def _decode_latencies(lat: LatencyModel, shape: BatchShape, first: int, k: int) -> list[int]:
     """Iteration ns of steps ``first .. first + k - 1`` of a decode span from ``shape``: the
     model's ``decode_steps_ns`` when it has one (the same integers), else one call per step."""
     bulk = getattr(lat, "decode_steps_ns", None)
     if bulk is not None:
-        return bulk(_advanced(shape, first), k)
-    return [int(lat.iteration_ns(_advanced(shape, first + i))) for i in range(k)]
+        return bulk(decode_advanced(shape, first), k)
+    return [int(lat.iteration_ns(decode_advanced(shape, first + i))) for i in range(k)]

@@ -1,6 +1,7 @@
-# C types for profiles/latency.py's interpolation primitives (compiled by setup.py; the .py is
-# the implementation). Table keys and values are integers below 2**53 and queries are token
-# counts, so their arithmetic in C doubles gives Python's results bit for bit.
+# C types for profiles/latency.py's interpolation primitives and attention blend (compiled by
+# setup.py; the .py is the implementation). Table keys and values are integers below 2**53
+# and queries are token counts, so their arithmetic in C doubles gives Python's results bit
+# for bit.
 cimport cython
 
 @cython.locals(n=Py_ssize_t, i=Py_ssize_t, x0=double)
@@ -10,4 +11,60 @@ cpdef tuple locate(object xs, double q)
 cpdef double interp1d(object xs, object ys, double q)
 
 @cython.locals(i=Py_ssize_t)
+cpdef Py_ssize_t bucket_index(double value, object bins, Py_ssize_t num_labels)
+
 cpdef bucket_label(double value, object bins, object labels)
+
+cdef class _SkewAlphas:
+    cdef public object entry
+    cdef public object n_bins, rate_bins, kv_bins, kp_bins
+    cdef public Py_ssize_t n_n, n_rate, n_kv, n_kp
+    cdef dict _memo
+    cpdef double alpha(self, long long pc, long long kp, long long nd, double rate, long long kv_max)
+    @cython.locals(key=tuple)
+    cpdef double alpha_at(self, long long pc, Py_ssize_t i_n, Py_ssize_t i_rate, Py_ssize_t i_kv,
+                          Py_ssize_t i_kp)
+
+cdef class _KvFn:
+    cpdef double at(self, double kv)
+
+cdef class _Row(_KvFn):
+    cdef double[::1] xs
+    cdef double[::1] ys
+    cdef Py_ssize_t n
+    @cython.locals(n=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, i=Py_ssize_t,
+                   x0=double, y0=double)
+    cpdef double at(self, double kv)
+
+cdef class _Lerp(_KvFn):
+    cdef _KvFn a
+    cdef _KvFn b
+    cdef double t
+    @cython.locals(v0=double)
+    cpdef double at(self, double kv)
+
+@cython.locals(v="long long")
+cpdef long long attention_at(_KvFn fn, double kv)
+
+cdef class _AttentionLookup:
+    cdef public object table
+    cdef public bint ragged_nd
+    cdef tuple _pc_axis
+    cdef tuple _nd_axis
+    cdef dict _slices
+    cdef dict _nd_by_pc
+    cdef dict _nearest
+    cdef dict _rows
+    cdef public dict _memo
+    cpdef _KvFn kv_fn(self, long long pc, long long kp, long long nd)
+    @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, f0=_KvFn)
+    cpdef _KvFn _blend(self, long long pc, long long kp, long long nd)
+    @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, c0=_KvFn, nd_axis=tuple)
+    cpdef _KvFn _at_pc(self, long long p, long long nd, long long kp)
+    @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, rows=tuple)
+    cpdef _KvFn _corner(self, long long p, long long n, long long kp)
+
+@cython.locals(out=list, a=double, i_n=Py_ssize_t, i_rate=Py_ssize_t, i_kp=Py_ssize_t, i="long long",
+               t_mean="long long", t_max="long long", v="long long")
+cpdef list _decode_run_ns(_KvFn attn, _SkewAlphas skew, double fallback, long long fixed, long long L,
+                          long long nd, long long kv_mean, long long kv_max, double rate, long long k)

@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import logging
 import math
+from array import array
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -144,51 +145,165 @@ def curve_ns(curve: Curve, q: float) -> int:
     return max(int(interp1d(curve.xs, curve.ys, q)), 1)
 
 
+def bucket_index(value: float, bins: Sequence[float], num_labels: int) -> int:
+    """Index of the first label i with ``value <= bins[i+1]`` (right-inclusive); beyond the
+    last edge, the last (``num_labels - 1``)."""
+    for i in range(num_labels):
+        if value <= bins[i + 1]:
+            return i
+    return num_labels - 1
+
+
 def bucket_label(value: float, bins: Sequence[float], labels: Sequence[str]) -> str:
     """First label i with ``value <= bins[i+1]`` (right-inclusive); beyond the last edge, the last."""
-    for i, lab in enumerate(labels):
-        if value <= bins[i + 1]:
-            return lab
-    return labels[-1]
+    return labels[bucket_index(value, bins, len(labels))]
 
 
 def skew_bucket_key(entry: SkewTpEntry, pc: int, kp: int, nd: int, skew_rate: float,
                     kv_max: int) -> str:
     """Bucket key of the alpha table: ``pc=<raw pc>|<n>|<skew rate>|<kv_big>|<kp>`` labels."""
     b, lab = entry.axes.bins, entry.axes.labels
-    return (
-        f"pc={pc}|{bucket_label(nd, b['n'], lab['n'])}"
-        f"|{bucket_label(skew_rate, b['skew_rate'], lab['skew_rate'])}"
-        f"|{bucket_label(kv_max, b['kv_big'], lab['kv_big'])}"
-        f"|{bucket_label(kp, b['kp'], lab['kp'])}"
-    )
+    return _bucket_key_text(
+        entry, pc, bucket_index(nd, b["n"], len(lab["n"])),
+        bucket_index(skew_rate, b["skew_rate"], len(lab["skew_rate"])),
+        bucket_index(kv_max, b["kv_big"], len(lab["kv_big"])),
+        bucket_index(kp, b["kp"], len(lab["kp"])))
+
+
+def _bucket_key_text(entry: SkewTpEntry, pc: int, i_n: int, i_rate: int, i_kv: int,
+                     i_kp: int) -> str:
+    lab = entry.axes.labels
+    return (f"pc={pc}|{lab['n'][i_n]}|{lab['skew_rate'][i_rate]}|{lab['kv_big'][i_kv]}"
+            f"|{lab['kp'][i_kp]}")
+
+
+class _SkewAlphas:
+    """One TP entry's alpha table read by bucket indices: :func:`skew_bucket_key`'s string is
+    built once per distinct (pc, bucket indices) and its alpha remembered."""
+
+    __slots__ = ("entry", "n_bins", "rate_bins", "kv_bins", "kp_bins", "n_n", "n_rate", "n_kv",
+                 "n_kp", "_memo")
+
+    def __init__(self, entry: SkewTpEntry) -> None:
+        self.entry = entry
+        b, lab = entry.axes.bins, entry.axes.labels
+        self.n_bins, self.n_n = b["n"], len(lab["n"])
+        self.rate_bins, self.n_rate = b["skew_rate"], len(lab["skew_rate"])
+        self.kv_bins, self.n_kv = b["kv_big"], len(lab["kv_big"])
+        self.kp_bins, self.n_kp = b["kp"], len(lab["kp"])
+        self._memo: dict[tuple[int, int, int, int, int], float] = {}
+
+    def alpha(self, pc: int, kp: int, nd: int, rate: float, kv_max: int) -> float:
+        """``entry.table[skew_bucket_key(...)]``, else the entry's alpha_default."""
+        return self.alpha_at(pc, bucket_index(nd, self.n_bins, self.n_n),
+                             bucket_index(rate, self.rate_bins, self.n_rate),
+                             bucket_index(kv_max, self.kv_bins, self.n_kv),
+                             bucket_index(kp, self.kp_bins, self.n_kp))
+
+    def alpha_at(self, pc: int, i_n: int, i_rate: int, i_kv: int, i_kp: int) -> float:
+        key = (pc, i_n, i_rate, i_kv, i_kp)
+        a = self._memo.get(key)
+        if a is None:
+            text = _bucket_key_text(self.entry, pc, i_n, i_rate, i_kv, i_kp)
+            a = self._memo[key] = self.entry.table.get(text, self.entry.alpha_default)
+        return a
 
 
 # ------------------------------------------------------------------------------ table lookups
+#
+# The 4-D attention blend is built, for one (prefill chunk, prefill KV, n_decode), as a small
+# tree of terms along the decode-KV axis: each leaf a profiled kv_decode row (:class:`_Row`),
+# each inner node a linear blend of two terms (:class:`_Lerp`) on the kv_prefill, n_decode or
+# prefill-chunk axis. Evaluating it at a decode KV performs the float operations of the blend
+# in the blend's order, so every batch with those three values reuses the brackets and corner
+# choices (a decode span: only the decode KV moves).
 
 
-def _slice_value(table: AttentionTable, pair: tuple[int, int], kp: int, kv: int) -> float:
-    sl = table.slices[pair]
-    lo, hi, t = locate(sl.kp, kp)
-    row = sl.rows[lo]
-    v0 = interp1d(row.xs, row.ys, kv)
-    if lo == hi:
-        return v0
-    row = sl.rows[hi]
-    return v0 + t * (interp1d(row.xs, row.ys, kv) - v0)
+class _KvFn:
+    """A term of the attention blend, as a function of the decode KV (this base: the zero
+    term of an unprofiled corner with no pair to fall back on)."""
+
+    __slots__ = ()
+
+    def at(self, kv: float) -> float:
+        return 0.0
+
+
+class _Row(_KvFn):
+    """One profiled kv_decode row: :func:`interp1d` over its keys, on C doubles when
+    compiled (the keys and values are integers below 2**53, so the same results)."""
+
+    __slots__ = ("xs", "ys", "n")
+
+    def __init__(self, curve: Curve) -> None:
+        self.xs = array("d", curve.xs)
+        self.ys = array("d", curve.ys)
+        self.n = len(curve.xs)
+
+    def at(self, kv: float) -> float:
+        n = self.n
+        if n == 0:
+            return 0.0
+        if n == 1 or kv <= self.xs[0]:
+            return self.ys[0]
+        lo, hi = 1, n  # bisect_right: the first key above kv (xs[0] <= kv)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if kv < self.xs[mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        i = lo - 1
+        if self.xs[i] == kv:
+            return self.ys[i]
+        if i >= n - 1:
+            i = n - 2
+        x0 = self.xs[i]
+        y0 = self.ys[i]
+        return y0 + (kv - x0) / (self.xs[i + 1] - x0) * (self.ys[i + 1] - y0)
+
+
+class _Lerp(_KvFn):
+    """``a(kv) + t * (b(kv) - a(kv))``: the blend of two terms at weight ``t``."""
+
+    __slots__ = ("a", "b", "t")
+
+    def __init__(self, a: _KvFn, b: _KvFn, t: float) -> None:
+        self.a = a
+        self.b = b
+        self.t = t
+
+    def at(self, kv: float) -> float:
+        v0 = self.a.at(kv)
+        return v0 + self.t * (self.b.at(kv) - v0)
+
+
+def attention_at(fn: _KvFn, kv: int) -> int:
+    """The blend ``fn`` at decode KV ``kv``, truncated to int, at least 1 ns."""
+    v = int(fn.at(kv))
+    return v if v > 1 else 1
 
 
 class _AttentionLookup:
-    """The 4-D attention blend over one :class:`AttentionTable` (with memoised corner fallbacks)."""
+    """The 4-D attention blend over one :class:`AttentionTable` (with memoised corner
+    fallbacks and blend terms)."""
 
-    __slots__ = ("table", "ragged_nd", "_nearest", "_memo", "_decode_fns")
+    __slots__ = ("table", "ragged_nd", "_pc_axis", "_nd_axis", "_slices", "_nd_by_pc",
+                 "_nearest", "_rows", "_memo")
 
     def __init__(self, table: AttentionTable, ragged_nd: bool) -> None:
         self.table = table
         self.ragged_nd = ragged_nd
+        self._pc_axis = table.pc_axis
+        self._nd_axis = table.nd_axis
+        self._slices = table.slices
+        self._nd_by_pc = table.nd_by_pc
         self._nearest: dict[tuple[int, int], tuple[int, int] | None] = {}
-        self._memo: dict[tuple[int, int, int, int], int] = {}
-        self._decode_fns: dict[int, Callable[[int], int]] = {}
+        self._rows: dict[tuple[int, int], tuple[_Row, ...]] = {}
+        # n_decode -> the pure-decode blend (pc = kp = 0) over the decode KV: a run has few
+        # distinct ones, while its mixed batches almost never repeat (pc, kp, nd), so those
+        # are built per call.
+        self._memo: dict[int, _KvFn] = {}
 
     def _nearest_pair(self, p: int, n: int) -> tuple[int, int] | None:
         key = (p, n)
@@ -201,97 +316,54 @@ class _AttentionLookup:
             self._nearest[key] = best
         return self._nearest[key]
 
-    def _corner(self, p: int, n: int, kp: int, kv: int) -> float:
-        if (p, n) in self.table.slices:
-            return _slice_value(self.table, (p, n), kp, kv)
-        pair = self._nearest_pair(p, n)
-        return 0.0 if pair is None else _slice_value(self.table, pair, kp, kv)
-
-    def _at_pc(self, p: int, nd: int, kp: int, kv: int, nd_axis: Sequence[int]) -> float:
-        lo, hi, t = locate(nd_axis, nd)
-        c0 = self._corner(p, nd_axis[lo], kp, kv)
-        if lo == hi:
-            return c0
-        return c0 + t * (self._corner(p, nd_axis[hi], kp, kv) - c0)
-
     def __call__(self, pc: int, kp: int, nd: int, kv: int) -> int:
-        """Blended attention time, truncated to int, at least 1 ns (memoised)."""
-        key = (pc, kp, nd, kv)
-        v = self._memo.get(key)
-        if v is None:
-            if len(self._memo) >= _MAX_CACHE:
-                self._memo.clear()
-            v = self._memo[key] = self._blend(pc, kp, nd, kv)
-        return v
+        """Blended attention time, truncated to int, at least 1 ns."""
+        return attention_at(self.kv_fn(pc, kp, nd), kv)
 
-    def decode_kv_fn(self, nd: int) -> Callable[[int], int]:
-        """``kv -> self(0, 0, nd, kv)`` for a pure-decode batch of ``nd`` decodes: the same
-        blend in the same float operations, with every part that does not depend on the decode
-        KV (the pc, nd and kp brackets, the corner slices) looked up once (memoised per nd)."""
-        fn = self._decode_fns.get(nd)
+    def kv_fn(self, pc: int, kp: int, nd: int) -> _KvFn:
+        """The blend at (``pc``, ``kp``, ``nd``) as a function of the decode KV (memoised for
+        pure decodes)."""
+        if pc or kp:
+            return self._blend(pc, kp, nd)
+        fn = self._memo.get(nd)
         if fn is None:
-            fn = self._decode_fns[nd] = self._decode_fn(nd)
+            fn = self._memo[nd] = self._blend(0, 0, nd)
         return fn
 
-    def _decode_fn(self, nd: int) -> Callable[[int], int]:
-        tab = self.table
-        lo, hi, t = locate(tab.pc_axis, 0)
-        f0 = self._at_pc_fn(tab.pc_axis[lo], nd)
+    def _blend(self, pc: int, kp: int, nd: int) -> _KvFn:
+        axis = self._pc_axis
+        lo, hi, t = locate(axis, pc)
+        f0 = self._at_pc(axis[lo], nd, kp)
         if lo == hi:
-            return lambda kv: max(int(f0(kv)), 1)
-        f1 = self._at_pc_fn(tab.pc_axis[hi], nd)
+            return f0
+        return _Lerp(f0, self._at_pc(axis[hi], nd, kp), t)
 
-        def blend(kv: int) -> int:
-            v0 = f0(kv)
-            return max(int(v0 + t * (f1(kv) - v0)), 1)
-
-        return blend
-
-    def _at_pc_fn(self, p: int, nd: int) -> Callable[[int], float]:
-        nd_axis = self.table.nd_by_pc[p] if self.ragged_nd else self.table.nd_axis
+    def _at_pc(self, p: int, nd: int, kp: int) -> _KvFn:
+        nd_axis = self._nd_by_pc[p] if self.ragged_nd else self._nd_axis
         lo, hi, t = locate(nd_axis, nd)
-        c0 = self._corner_fn(p, nd_axis[lo])
+        c0 = self._corner(p, nd_axis[lo], kp)
         if lo == hi:
             return c0
-        c1 = self._corner_fn(p, nd_axis[hi])
+        return _Lerp(c0, self._corner(p, nd_axis[hi], kp), t)
 
-        def at_pc(kv: int) -> float:
-            v0 = c0(kv)
-            return v0 + t * (c1(kv) - v0)
-
-        return at_pc
-
-    def _corner_fn(self, p: int, n: int) -> Callable[[int], float]:
+    def _corner(self, p: int, n: int, kp: int) -> _KvFn:
         pair: tuple[int, int] | None = (p, n)
-        if pair not in self.table.slices:
+        sl = self._slices.get(pair)
+        if sl is None:
             pair = self._nearest_pair(p, n)
             if pair is None:
-                return lambda kv: 0.0
-        sl = self.table.slices[pair]
-        lo, hi, t = locate(sl.kp, 0)
-        r0 = sl.rows[lo]
-        x0, y0 = r0.xs, r0.ys
+                return _KvFn()
+            sl = self._slices[pair]
+        rows = self._rows.get(pair)
+        if rows is None:  # (a loop: no generator in a cpdef method)
+            built = []
+            for c in sl.rows:
+                built.append(_Row(c))
+            rows = self._rows[pair] = tuple(built)
+        lo, hi, t = locate(sl.kp, kp)
         if lo == hi:
-            return lambda kv: interp1d(x0, y0, kv)
-        r1 = sl.rows[hi]
-        x1, y1 = r1.xs, r1.ys
-
-        def slice_value(kv: int) -> float:
-            v0 = interp1d(x0, y0, kv)
-            return v0 + t * (interp1d(x1, y1, kv) - v0)
-
-        return slice_value
-
-    def _blend(self, pc: int, kp: int, nd: int, kv: int) -> int:
-        tab = self.table
-        lo, hi, t = locate(tab.pc_axis, pc)
-        p0 = tab.pc_axis[lo]
-        v0 = self._at_pc(p0, nd, kp, kv, tab.nd_by_pc[p0] if self.ragged_nd else tab.nd_axis)
-        if lo != hi:
-            p1 = tab.pc_axis[hi]
-            v1 = self._at_pc(p1, nd, kp, kv, tab.nd_by_pc[p1] if self.ragged_nd else tab.nd_axis)
-            v0 = v0 + t * (v1 - v0)
-        return max(int(v0), 1)
+            return rows[lo]
+        return _Lerp(rows[lo], rows[hi], t)
 
 
 def moe_lookup_ns(table: MoeTable, tokens: int, activated: int) -> int:
@@ -316,6 +388,50 @@ def balanced_routing(total_tokens: int, num_experts: int, top_k: int, ep: int) -
     activated = min(round(total_tokens * top_k / ep), per_rank)
     tokens = round(total_tokens * (1 - ((ep - 1) / ep) ** top_k))
     return tokens, activated
+
+
+def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed: int, L: int,
+                   nd: int, kv_mean: int, kv_max: int, rate: float, k: int) -> list[int]:
+    """The body of :meth:`ProfiledLatencyModel.decode_steps_ns`: ``k`` steps of ``nd``
+    decodes from mean / max decode KV ``kv_mean`` / ``kv_max`` (each step one token further),
+    ``attn`` the pure-decode blend, ``fixed`` the step's parts that do not move."""
+    out: list[int] = []
+    if nd <= 1 or kv_max == kv_mean:  # no skew correction anywhere along the run
+        for i in range(k):
+            out.append(fixed + L * attention_at(attn, kv_mean + i))
+        return out
+    # Along the run the skew rate is constant and only the kv_big bucket of kv_max + i moves:
+    # alpha is read by bucket index.
+    a = fallback
+    i_n = i_rate = i_kp = 0
+    if skew is not None:
+        i_n = bucket_index(nd, skew.n_bins, skew.n_n)
+        i_rate = bucket_index(rate, skew.rate_bins, skew.n_rate)
+        i_kp = bucket_index(0, skew.kp_bins, skew.n_kp)
+    for i in range(k):
+        t_mean = attention_at(attn, kv_mean + i)
+        if skew is not None:
+            a = skew.alpha_at(0, i_n, i_rate, bucket_index(kv_max + i, skew.kv_bins, skew.n_kv),
+                              i_kp)
+        v = t_mean
+        if a != 0:
+            t_max = attention_at(attn, kv_max + i)
+            if t_max > t_mean:
+                v = round(t_mean + a * (t_max - t_mean))
+                if v < 1:
+                    v = 1
+        out.append(fixed + L * v)
+    return out
+
+
+def _skew_rate(shape: BatchShape) -> float:
+    """The skew rate of a batch's decodes: (floored mean - min) / (max - min) in [0, 1]
+    (0.5 when they are uniform)."""
+    nd = shape.num_decode
+    kv_mean = shape.decode_kv_sum // nd if nd else 0
+    gap = shape.decode_kv_max - shape.decode_kv_min
+    rate = (kv_mean - shape.decode_kv_min) / gap if gap else 0.5
+    return min(max(rate, 0.0), 1.0)
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -376,6 +492,7 @@ class ProfiledLatencyModel:
                     "profile the MoE block (tp1/moe.csv)"
                 )
         self._skew_entry = bundle.skew_fit.per_tp.get(tp)
+        self._skew = _SkewAlphas(self._skew_entry) if self._skew_entry is not None else None
         self._alpha_fallback = 0.0
         if bundle.skew_fit.enabled and self._skew_entry is None:
             self._alpha_fallback = bundle.skew_fit.alpha_default or 0.0
@@ -467,31 +584,27 @@ class ProfiledLatencyModel:
         if pc == 0 and nd == 0:
             return 0
         kv_mean = shape.decode_kv_sum // nd if nd else 0
-        t_mean = self._attention(pc, kp, nd, kv_mean)
+        fn = self._attention.kv_fn(pc, kp, nd)
+        t_mean = attention_at(fn, kv_mean)
         kv_max = shape.decode_kv_max
         if nd <= 1 or kv_max == kv_mean:
             return t_mean
         alpha = self.skew_alpha(shape)
         if alpha == 0:
             return t_mean
-        t_max = self._attention(pc, kp, nd, kv_max)
+        t_max = attention_at(fn, kv_max)
         if t_max <= t_mean:
             return t_mean
         return max(round(t_mean + alpha * (t_max - t_mean)), 1)
 
     def skew_alpha(self, shape: BatchShape) -> float:
         """The alpha the skew correction uses for this batch (0 when the bundle has no fit)."""
-        entry = self._skew_entry
-        if entry is None:
+        skew = self._skew
+        if skew is None:
             return self._alpha_fallback
         nd = shape.num_decode
-        kv_mean = shape.decode_kv_sum // nd if nd else 0
-        gap = shape.decode_kv_max - shape.decode_kv_min
-        rate = (kv_mean - shape.decode_kv_min) / gap if gap else 0.5
-        rate = min(max(rate, 0.0), 1.0)
-        key = skew_bucket_key(entry, shape.prefill_tokens, shape.prefill_kv, nd, rate,
-                              shape.decode_kv_max)
-        return entry.table.get(key, entry.alpha_default)
+        return skew.alpha(shape.prefill_tokens, shape.prefill_kv, nd, _skew_rate(shape),
+                          shape.decode_kv_max)
 
     def moe_ns(self, shape: BatchShape) -> int:
         """MoE block of one layer on this GPU's EP rank (0 for dense models or no routed tokens),
@@ -541,49 +654,9 @@ class ProfiledLatencyModel:
                  + self.host_io_ns(shape) + L * self.moe_ns(shape))
         if nd == 0:
             return [fixed] * k
-        attn = self._attention.decode_kv_fn(nd)
         kv_mean = shape.decode_kv_sum // nd  # (sum + i*nd) // nd == sum // nd + i
-        kv_max = shape.decode_kv_max
-        if nd <= 1 or kv_max == kv_mean:  # no skew correction anywhere along the run
-            return [fixed + L * attn(kv_mean + i) for i in range(k)]
-        alpha_of = self._span_alpha_fn(shape)
-        out = []
-        for i in range(k):
-            t_mean = attn(kv_mean + i)
-            a = alpha_of(i)
-            v = t_mean
-            if a != 0:
-                t_max = attn(kv_max + i)
-                if t_max > t_mean:
-                    v = max(round(t_mean + a * (t_max - t_mean)), 1)
-            out.append(fixed + L * v)
-        return out
-
-    def _span_alpha_fn(self, shape: BatchShape) -> Callable[[int], float]:
-        """``i -> skew_alpha(step i of a decode run from shape)``: along the run the skew rate
-        is constant and only the ``kv_big`` bucket of ``decode_kv_max + i`` moves."""
-        entry = self._skew_entry
-        if entry is None:
-            fallback = self._alpha_fallback
-            return lambda i: fallback
-        bins, labels = entry.axes.bins["kv_big"], entry.axes.labels["kv_big"]
-        by_label: dict[str, float] = {}
-
-        def alpha(i: int) -> float:
-            lab = bucket_label(shape.decode_kv_max + i, bins, labels)
-            a = by_label.get(lab)
-            if a is None:
-                a = by_label[lab] = self.skew_alpha(self._advanced(shape, i))
-            return a
-
-        return alpha
-
-    @staticmethod
-    def _advanced(shape: BatchShape, i: int) -> BatchShape:
-        """``shape`` with every decode ``i`` tokens further."""
-        return shape._replace(decode_kv_sum=shape.decode_kv_sum + i * shape.num_decode,
-                              decode_kv_min=shape.decode_kv_min + i,
-                              decode_kv_max=shape.decode_kv_max + i)
+        return _decode_run_ns(self._attention.kv_fn(0, 0, nd), self._skew, self._alpha_fallback,
+                              fixed, L, nd, kv_mean, shape.decode_kv_max, _skew_rate(shape), k)
 
     def breakdown(self, shape: BatchShape) -> dict[str, int]:
         """Nanoseconds per row name over the whole step (all layers), plus ``host_io``.
@@ -615,4 +688,3 @@ class ProfiledLatencyModel:
         self._moe_cache.clear()
         self._seq_cache.clear()
         self._attention._memo.clear()
-        self._attention._decode_fns.clear()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Protocol
 
 from astra_bridge import CommBackend, Network
-from engine.batch import BatchShape
+from engine.batch import BatchShape, decode_advanced
 from engine.memory import dtype_bytes
 from engine.specs import ConfigError, HardwareSpec, ModelSpec
 from profiles.architecture import Architecture
@@ -244,7 +244,7 @@ class ParallelLatencyModel:
         shape = self._own(shape)
         bulk = getattr(self.compute, "decode_steps_ns", None)
         if self.layout.pp != 1 or bulk is None:
-            return [self.iteration_ns(ProfiledLatencyModel._advanced(shape, i)) for i in range(k)]
+            return [self.iteration_ns(decode_advanced(shape, i)) for i in range(k)]
         T = shape.total_tokens
         extra = self.model.num_layers * self.block_comm_ns(T) + self.host_io_ns(T)
         return [c + extra for c in bulk(shape, k)]

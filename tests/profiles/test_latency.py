@@ -172,13 +172,51 @@ def test_host_io_term(tmp_path: Path) -> None:
 
 def test_memoisation(tmp_path: Path) -> None:
     m = make_model(tmp_path)
-    s = shape([(8, 0)], [20])
-    first = m.iteration_ns(s)
-    memo = m._attention._memo  # the 4-D attention lookups are memoised (whole steps are not)
-    assert len(memo) == 1
-    assert m.iteration_ns(s) == first and len(memo) == 1
+    mixed = shape([(8, 0)], [20])
+    first = m.iteration_ns(mixed)
+    memo = m._attention._memo  # pure-decode blends are memoised per n_decode, mixed ones not
+    assert len(memo) == 0
+    decode = shape(decodes=[20, 40])
+    d = m.iteration_ns(decode)
+    assert list(memo) == [2]
+    assert m.iteration_ns(decode) == d and m.iteration_ns(mixed) == first and len(memo) == 1
     m.clear_cache()
-    assert not memo and m.iteration_ns(s) == first
+    assert not memo and m.iteration_ns(decode) == d and m.iteration_ns(mixed) == first
+
+
+def test_attention_blend_matches_the_direct_4d_formula(tmp_path: Path) -> None:
+    """The blend tree evaluates the 4-D multilinear formula in its order of operations."""
+    m = make_model(tmp_path)
+    tab = m._tables.attention
+
+    def direct(pc: int, kp: int, nd: int, kv: int) -> int:
+        def corner(p: int, n: int) -> float:
+            pair = (p, n) if (p, n) in tab.slices else m._attention._nearest_pair(p, n)
+            if pair is None:
+                return 0.0
+            sl = tab.slices[pair]
+            lo, hi, t = locate(sl.kp, kp)
+            v0 = interp1d(sl.rows[lo].xs, sl.rows[lo].ys, kv)
+            return v0 if lo == hi else v0 + t * (interp1d(sl.rows[hi].xs, sl.rows[hi].ys, kv) - v0)
+
+        def at_pc(p: int) -> float:
+            lo, hi, t = locate(tab.nd_axis, nd)
+            c0 = corner(p, tab.nd_axis[lo])
+            return c0 if lo == hi else c0 + t * (corner(p, tab.nd_axis[hi]) - c0)
+
+        lo, hi, t = locate(tab.pc_axis, pc)
+        v0 = at_pc(tab.pc_axis[lo])
+        if lo != hi:
+            v0 = v0 + t * (at_pc(tab.pc_axis[hi]) - v0)
+        return max(int(v0), 1)
+
+    for pc in (0, 5, 16, 24, 40, 300):
+        for kp in (0, 32, 100, 5000):
+            for nd in (0, 1, 2, 3, 7, 200):
+                for kv in (0, 1, 17, 48, 64, 1000, 70000):
+                    if pc == 0 and nd == 0:
+                        continue
+                    assert m._attention(pc, kp, nd, kv) == direct(pc, kp, nd, kv), (pc, kp, nd, kv)
 
 
 # ---------------------------------------------------------------------------------- attention

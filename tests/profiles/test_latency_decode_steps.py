@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.batch import BatchShape
+from engine.batch import BatchShape, decode_advanced
 from profiles.latency import ProfiledLatencyModel
 from tests.profiles.test_latency import SKEW, TINY, TINY_MOE, make_model
 
@@ -26,7 +26,7 @@ def decode_runs(draw, max_kv: int = 20_000):
 
 
 def _scalar(model: ProfiledLatencyModel, shape: BatchShape, k: int) -> list[int]:
-    return [model.iteration_ns(model._advanced(shape, i)) for i in range(k)]
+    return [model.iteration_ns(decode_advanced(shape, i)) for i in range(k)]
 
 
 def _check(model: ProfiledLatencyModel, shape: BatchShape, k: int) -> None:
@@ -101,5 +101,5 @@ def test_parallel_instances(parallel_models, run, which):
     model = parallel_models[which]
     shape, k = run
     bulk = model.decode_steps_ns(shape, k)
-    assert bulk == [model.iteration_ns(ProfiledLatencyModel._advanced(shape, i)) for i in range(k)]
+    assert bulk == [model.iteration_ns(decode_advanced(shape, i)) for i in range(k)]
     assert all(type(v) is int for v in bulk)

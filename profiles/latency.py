@@ -39,8 +39,9 @@ and ``num_seqs`` (lm_head / sampler rows, including dummy decodes), but only the
 ``num_decode`` and ``decode_kv_*`` (attention never sees padding).
 
 The parts are memoised: the token-keyed part per total_tokens, the sequence-keyed part per
-num_seqs, the MoE part per token count and each 4-D attention lookup (whole steps are not: a
-step's decode KV sum changes every step, so such a memo never hits).
+num_seqs, the MoE part per token count and the pure-decode attention blend per n_decode (whole
+steps are not: a step's decode KV sum changes every step, so such a memo never hits; nor are
+mixed batches' blends, whose (pc, kp, nd) almost never repeat).
 :meth:`ProfiledLatencyModel.decode_steps_ns` prices a run of pure-decode steps at once
 (numpy over the steps), returning the same integers as one :meth:`iteration_ns` call per step.
 """

@@ -5,8 +5,13 @@ from engine.request cimport Request, TokenLog
 @cython.locals(s="long long", c="long long")
 cpdef long long _first_kv_schedule(Request r, long long c0, bint async_)
 
+cdef long long _NO_OP
+
 @cython.locals(s="long long", u="long long")
-cpdef _refile(Py_ssize_t p, Request r, long long op, long long c0, long long lag, list next_s, list next_u, dict due, bint cache_async)
+cdef inline (long long, long long) _next_checks(Request r, long long op, long long c0, long long lag, bint cache_async)
+
+@cython.locals(m="long long", p=Py_ssize_t)
+cdef long long _first_due(long long[::1] next_s, long long[::1] next_u)
 
 cdef class Scheduler:
     cdef public KVCacheManager kv
@@ -36,12 +41,14 @@ cdef class Scheduler:
     cpdef schedule(self, long long now_ns)
     @cython.locals(running=list, n=Py_ssize_t, nxt="long long", async_=bint, lag="long long", ph="long long",
                    last=Request, r=Request, cache_async=bint, max_len="long long", limit="long long", dsum="long long",
-                   dmin="long long", dmax="long long", c0=list, due=dict, next_s=list, next_u=list, pos=Py_ssize_t,
+                   dmin="long long", dmax="long long", c0="long long[::1]", next_s="long long[::1]",
+                   next_u="long long[::1]", pos=Py_ssize_t,
                    c="long long", nt="long long", fa="long long", room="long long", i="long long", op="long long", q="long long",
                    openers=list)
     cpdef steady_decode(self, list inflight)
     @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
-                   lim_c="long long", lim_s="long long", lag="long long", c0=list, next_s=list, next_u=list, due=dict,
+                   lim_c="long long", lim_s="long long", lag="long long", c0="long long[::1]",
+                   next_s="long long[::1]", next_u="long long[::1]", due="long long", todo=list, n=Py_ssize_t,
                    free_after=list, op="long long", i="long long", need="long long", p=Py_ssize_t, r=Request,
                    c="long long", after="long long", nt="long long", nt0="long long", upto="long long",
                    done_s="long long", done_c="long long", log=TokenLog, k1=Py_ssize_t, nxt="long long")

@@ -19,6 +19,7 @@ step-by-step scheduling, each request's counters advanced once. ``engine.instanc
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -37,10 +38,10 @@ class DecodeSpan:
     shape: BatchShape
     max_completions: int
     lag: int  # num_tokens - num_computed_tokens of every request (sync 1, async 0)
-    c0: list[int]  # num_computed_tokens of each running request, in order
-    next_s: list[int]  # per request: the operation of its next schedule-side KV check
-    next_u: list[int]  # per request: ... of its next completion-side check (async caching)
-    due: dict[int, list[int]]  # operation -> requests (positions) to check then
+    c0: array  # num_computed_tokens of each running request, in order (int64)
+    next_s: array  # per request: the operation of its next schedule-side KV check
+    next_u: array  # per request: ... of its next completion-side check (async caching; else
+    # _NO_OP)
     # Requests (positions) whose token at the span's first completion starts a new run of
     # their token times: async, those whose prompt (or recompute) finished in the step in
     # flight, so that completion is their first token since admission.
@@ -58,38 +59,36 @@ def _first_kv_schedule(r: Request, c0: int, async_: bool) -> int:
     return r.kv_check_at - c0 - 1
 
 
-def _refile(
-    p: int,
-    r: Request,
-    op: int,
-    c0: int,
-    lag: int,
-    next_s: list[int],
-    next_u: list[int],
-    due: dict[int, list[int]],
-    cache_async: bool,
-) -> None:
-    """After request ``p``'s KV thresholds may have moved at operation ``op`` of a decode
-    span, file its next schedule-side and completion-side checks (each strictly after
-    ``op``; ``c0``: its computed tokens at the span's start, ``lag``: num_tokens minus
+# An operation no decode span reaches (a request's completion-side check without async
+# prefix caching).
+_NO_OP = 1 << 62
+
+
+def _next_checks(r: Request, op: int, c0: int, lag: int, cache_async: bool) -> tuple[int, int]:
+    """After request ``r``'s KV thresholds may have moved at operation ``op`` of a decode
+    span, the operations of its next schedule-side and completion-side checks (each strictly
+    after ``op``; ``c0``: its computed tokens at the span's start, ``lag``: num_tokens minus
     computed tokens then, 0 in async)."""
     s = 2 * _first_kv_schedule(r, c0, lag == 0)
     if s <= op:
         s = op + 1 + (op + 1) % 2  # the next schedule after op
-    next_s[p] = s
-    if s in due:
-        due[s].append(p)
-    else:
-        due[s] = [p]
+    u = _NO_OP
     if cache_async:
         u = 2 * (r.kv_cache_at - c0 - lag + 1) - 1
         if u <= op:
             u = op + 1 + op % 2  # the next completion after op
-        next_u[p] = u
-        if u in due:
-            due[u].append(p)
-        else:
-            due[u] = [p]
+    return s, u
+
+
+def _first_due(next_s: array, next_u: array) -> int:
+    """The earliest operation at which any request of a span has a KV check due."""
+    m = _NO_OP
+    for p in range(len(next_s)):
+        if next_s[p] < m:
+            m = next_s[p]
+        if next_u[p] < m:
+            m = next_u[p]
+    return m
 
 
 @dataclass(slots=True)
@@ -373,12 +372,12 @@ class Scheduler:
         limit = max_len
         dsum = 0
         dmin = dmax = running[0].num_computed_tokens
-        c0: list[int] = []
-        due: dict[int, list[int]] = {}
-        next_s: list[int] = []
-        next_u: list[int] = []
+        c0 = array("q", [0]) * n
+        next_s = array("q", [0]) * n
+        next_u = array("q", [_NO_OP]) * n
         openers: list[int] = []
-        for pos, r in enumerate(running):
+        for pos in range(n):
+            r = running[pos]
             c = r.num_computed_tokens
             nt = r.num_tokens
             if r.num_output_placeholders != ph or nt - c != lag:
@@ -394,27 +393,17 @@ class Scheduler:
                 dmin = c
             elif c > dmax:
                 dmax = c
-            c0.append(c)
+            c0[pos] = c
             # Operations: a schedule S_i is number 2i, a completion C_i number 2i - 1.
             i = _first_kv_schedule(r, c, async_)
-            op = 2 * i if i > 0 else 0
-            next_s.append(op)
-            if op in due:
-                due[op].append(pos)
-            else:
-                due[op] = [pos]
+            next_s[pos] = 2 * i if i > 0 else 0
             if cache_async:
                 q = r.kv_cache_at - nt + 1  # the first completion with upto >= kv_cache_at
-                op = 2 * q - 1 if q > 1 else 1
-                next_u.append(op)
-                if op in due:
-                    due[op].append(pos)
-                else:
-                    due[op] = [pos]
+                next_u[pos] = 2 * q - 1 if q > 1 else 1
         if limit < 2:
             return None
         return DecodeSpan(BatchShape(n, n, 0, 0, n, dsum, dmin, dmax), limit - 1, lag, c0,
-                          next_s, next_u, due, openers)
+                          next_s, next_u, openers)
 
     def decode_span(self, span: DecodeSpan, times: list[int]) -> tuple[int, list[int]]:
         """Run the steady span ``span`` (from :meth:`steady_decode`, nothing changed since) as
@@ -428,7 +417,8 @@ class Scheduler:
         (``allocate_slots`` on a schedule, ``cache_blocks`` on an async completion) are made at
         the same operation, in the same request order, with the request's counters as
         step-by-step has them then (a request is looked at only at the operations where its
-        KV thresholds may be reached: entries are filed per operation and rechecked when due);
+        KV thresholds may be reached: each has its next check of either side filed as an
+        operation number, and an operation where none is due costs nothing);
         its counters are advanced once at the end and its token run extended. The caller
         appends the completions' times to :attr:`token_log` and builds the step objects (every
         step is the running requests, one token each)."""
@@ -441,57 +431,63 @@ class Scheduler:
         lim_c = span.max_completions
         lim_s = lim_c - 1 if async_ else lim_c
         lag = span.lag
-        c0, next_s, next_u, due = span.c0, span.next_s, span.next_u, span.due
+        c0, next_s, next_u = span.c0, span.next_s, span.next_u
+        n = len(running)
         free_after: list[int] = []
+        due = _first_due(next_s, next_u)  # the next operation with a check due
+        todo: list[int] = []
         op = 0
         while op < n_ops_max:
             i = (op + 1) // 2
-            todo = due.pop(op, None)
             if op % 2 == 0:  # S_i
                 if i > lim_s:
                     break
-                if todo:
-                    todo = sorted({p for p in todo if next_s[p] == op})
+                todo.clear()
+                if op == due:
                     need = 0
-                    for p in todo:
-                        if c0[p] + i + 1 > running[p].kv_slots:
-                            need += 1
+                    for p in range(n):  # in request order, as schedule() visits them
+                        if next_s[p] == op:
+                            todo.append(p)
+                            if c0[p] + i + 1 > running[p].kv_slots:
+                                need += 1
                     if need > pool.num_free:
                         break  # this schedule would preempt: leave it to schedule()
                 if i == 0 and self._unqueued:  # picked up by this schedule (see schedule())
                     for r in self._unqueued:
                         r.queued_ns = times[0]
                     self._unqueued.clear()
-                if todo:
-                    for p in todo:
-                        r = running[p]
-                        c = c0[p]
-                        after = c + i + 1
-                        nt = c + lag + i
-                        if after >= r.kv_check_at and (
-                            after > r.kv_slots or (after if after < nt else nt) >= r.kv_cache_at
-                        ):
-                            # The counters as step-by-step has them at S_i, for the call.
-                            r.num_computed_tokens = c + i
-                            r.num_tokens = nt
-                            if not kv.allocate_slots(r, 1):
-                                raise AssertionError("decode span: allocation failed after check")
-                            r.num_computed_tokens = c
-                            r.num_tokens = c + lag
-                        _refile(p, r, op, c, lag, next_s, next_u, due, cache_async)
+                for p in todo:
+                    r = running[p]
+                    c = c0[p]
+                    after = c + i + 1
+                    nt = c + lag + i
+                    if after >= r.kv_check_at and (
+                        after > r.kv_slots or (after if after < nt else nt) >= r.kv_cache_at
+                    ):
+                        # The counters as step-by-step has them at S_i, for the call.
+                        r.num_computed_tokens = c + i
+                        r.num_tokens = nt
+                        if not kv.allocate_slots(r, 1):
+                            raise AssertionError("decode span: allocation failed after check")
+                        r.num_computed_tokens = c
+                        r.num_tokens = c + lag
+                    next_s[p], next_u[p] = _next_checks(r, op, c, lag, cache_async)
                 free_after.append(pool.num_free)
             else:  # C_i
                 if i > lim_c:
                     break
-                if todo:
-                    for p in sorted({p for p in todo if next_u[p] == op}):
-                        r = running[p]
-                        nt0 = c0[p]  # async: num_computed_tokens == num_tokens at the start
-                        # upto = min(computed - placeholders, num_tokens) after this output
-                        upto = nt0 + i - 1
-                        if upto >= r.kv_cache_at:
-                            kv.cache_blocks(r, upto)
-                        _refile(p, r, op, c0[p], 0, next_s, next_u, due, cache_async)
+                if op == due:
+                    for p in range(n):
+                        if next_u[p] == op:
+                            r = running[p]
+                            nt0 = c0[p]  # async: num_computed_tokens == num_tokens at the start
+                            # upto = min(computed - placeholders, num_tokens) after this output
+                            upto = nt0 + i - 1
+                            if upto >= r.kv_cache_at:
+                                kv.cache_blocks(r, upto)
+                            next_s[p], next_u[p] = _next_checks(r, op, nt0, 0, cache_async)
+            if op == due:
+                due = _first_due(next_s, next_u)
             op += 1
         done_s = (op + 1) // 2  # schedules done
         done_c = op // 2  # completions done

@@ -54,5 +54,6 @@ cdef class Scheduler:
                    done_s="long long", done_c="long long", log=TokenLog, k1=Py_ssize_t, nxt="long long")
     cpdef tuple decode_span(self, span, list times)
     @cython.locals(finished=list, kv=KVCacheManager, async_=bint, cache_async=bint, max_len="long long",
-                   k="long long", g="long long", req=Request, nt="long long", ph="long long", upto="long long")
+                   k="long long", g="long long", req=Request, nt="long long", ph="long long", upto="long long",
+                   reqs=list, samples=list, j=Py_ssize_t, fin=int, run=int)
     cpdef list update_from_output(self, step, long long now_ns)

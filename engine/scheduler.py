@@ -529,8 +529,12 @@ class Scheduler:
         k = len(times) - 1  # this step's index in the log
         g = log.base + k  # its step number (see engine.request.TokenLog)
         fin, run = FINISHED, RUNNING
-        for req, sample in zip(step.reqs, step.samples, strict=True):
-            if not sample or req.status == fin:
+        reqs, samples = step.reqs, step.samples
+        if len(reqs) != len(samples):
+            raise AssertionError("a scheduled step has one sample flag per request")
+        for j in range(len(reqs)):  # (an index loop: no zip of tuples per request)
+            req = reqs[j]
+            if not samples[j] or req.status == fin:
                 continue
             # A request preempted after this step was scheduled keeps its token, as vLLM
             # appends the outputs of preempted-but-unfinished requests.

@@ -246,7 +246,7 @@ class SweepRecorder:
         ok = ret.status == JobStatus.COMPLETED and isinstance(value, dict) and "metrics" in value
         infeasible = (ret.status == JobStatus.COMPLETED and isinstance(value, dict)
                       and value.get("status") == "infeasible")
-        point_key = _point_hash(cfg)
+        point_key = _point_hash(cfg, point)
         if self.nested:
             self._names.setdefault(idx, self._run_name(idx, cfg))
         resumed = value.get("resumed_from") if ok or infeasible else None
@@ -563,11 +563,13 @@ def swept_keys(config: DictConfig) -> list[str]:
     return sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
 
 
-def _point_hash(cfg: DictConfig) -> str:
-    """``sweep.config_hash.point_hash`` of a job config; a relative trace path is taken from
-    the directory the sweep started in."""
+def _point_hash(cfg: DictConfig, point: dict[str, Any] | None = None) -> str:
+    """``sweep.config_hash.point_hash`` of a job config (``point``: its ``task_config`` when
+    the caller has it already); a relative trace path is taken from the directory the sweep
+    started in."""
     cwd = OmegaConf.select(cfg, "hydra.runtime.cwd", default=None) if "hydra" in cfg else None
-    return point_hash(task_config(cfg), Path(str(cwd)) if cwd else None)
+    return point_hash(task_config(cfg) if point is None else point,
+                      Path(str(cwd)) if cwd else None)
 
 
 def _error_text(value: Any) -> str:

@@ -193,12 +193,17 @@ class RayActorLauncher(Launcher):
     def _compose(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int, sweep_dir: Path
     ) -> list[tuple[int, DictConfig]]:
+        """Every job's config, as ``load_sweep_config`` composes it; composed from the files
+        once per distinct config choice (``compose.JobComposer``)."""
         assert self.config is not None and self.hydra_context is not None
+        from hydra_plugins.ray_actor_launcher.compose import JobComposer
+
+        composer = JobComposer(self.hydra_context.config_loader, self.config)
         jobs = []
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            cfg = composer.compose(overrides)
             with open_dict(cfg):
                 cfg.hydra.sweep.dir = str(sweep_dir)
                 cfg.hydra.job.id = str(idx)

@@ -1,6 +1,8 @@
 cimport cython
 from engine.scheduler cimport Scheduler
 
+cdef long long _MAX_CHUNK
+
 cdef class StepLog:
     cdef public object end_ns
     cdef public object running
@@ -32,5 +34,6 @@ cdef class EngineUnit:
                    last="long long", chunk="long long", i="long long", it="long long", start="long long",
                    nxt="long long", ops="long long", n_s="long long", n_c="long long", reqs=list, nreq=Py_ssize_t,
                    tlog=object, usable="long long", waiting="long long", c="long long", tc="long long", log=StepLog,
-                   free_after=list)
+                   seg_end="long long", seg_start="long long", k="long long", before=list, first="long long",
+                   j=Py_ssize_t)
     cpdef _decode_span(self, long long t, long long horizon)

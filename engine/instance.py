@@ -45,6 +45,7 @@ from engine.request import Request, RequestStatus
 from engine.scheduler import ScheduledStep, Scheduler
 
 FAST_FORWARD = True  # the default of EngineUnit.fast_forward
+_MAX_CHUNK = 1 << 20  # decode-span steps priced at once, at most (C ints: no doubling overflow)
 
 
 class StepLog:
@@ -257,7 +258,6 @@ class EngineUnit:
             return None
         first_prompt_tokens = inflight[0][0][0].prompt_tokens if inflight else 0
         lat = m.latency
-        shape = span.shape
         # times[i] = T_i, the poll at which S_i (and C_i, i >= 1) happen, while before the
         # horizon; ends[i] / gpus[i]: S_i's end and when the GPU is free after it.
         times = [t]
@@ -267,14 +267,25 @@ class EngineUnit:
         gpu = self.gpu_free_at
         durs: list[int] = []
         last = span.max_completions  # S_0 .. S_last and C_1 .. C_last at most
-        # Latencies are priced in chunks: first about as many steps as the last span's step
-        # length says fit before the horizon.
+        # Latencies are priced in chunks, each within one segment of schedules that hold the
+        # same requests: first about as many steps as the last span's step length says fit
+        # before the horizon.
         chunk = (horizon - t) // self._span_step_ns + 2 if self._span_step_ns else 8
+        if chunk > _MAX_CHUNK:
+            chunk = _MAX_CHUNK
+        seg_end = 0  # the first schedule beyond the current segment
+        seg_start = 0
+        shape = None
         i = 0
         while True:
             if i == len(durs):
-                durs.extend(_decode_latencies(lat, shape, i, min(chunk, last + 1 - i)))
-                chunk *= 2
+                if i >= seg_end:
+                    shape, seg_end = sched.span_segment(span, i)
+                    seg_start = i
+                k = min(chunk, last + 1 - i, seg_end - i)
+                durs.extend(_decode_latencies(lat, shape, i - seg_start, k))
+                if chunk < _MAX_CHUNK:
+                    chunk *= 2
             it = durs[i]
             start = times[i] if times[i] > gpu else gpu
             gpu = start + it + self._overhead(it)
@@ -287,7 +298,8 @@ class EngineUnit:
             times.append(nxt)
             i += 1
         self._span_step_ns = max(durs[0], 1)
-        ops, free_after = sched.decode_span(span, times)
+        out = sched.decode_span(span, times)
+        ops = out.ops
         if ops == 0:
             return None
         n_s = (ops + 1) // 2  # schedules S_0 .. S_{n_s - 1}
@@ -295,8 +307,6 @@ class EngineUnit:
         self.gpu_free_at = gpus[n_s - 1]
         m.num_steps += n_s
         # Completed steps are only logged (as _complete_oldest / _record would log them).
-        reqs = sched.running
-        nreq = len(reqs)
         log = m.log
         tlog = sched.token_log.times
         usable = sched.kv.pool.num_blocks - 1
@@ -305,28 +315,35 @@ class EngineUnit:
             tc = times[c]
             tlog.append(tc)
             log.end_ns.append(tc)
-            log.running.append(nreq)
+            log.running.append(out.running[c - 1])
             log.waiting.append(waiting)
-            log.usage.append(1.0 - free_after[c - 1] / usable)  # after S_0 .. S_{c-1}
+            log.usage.append(1.0 - out.free[c - 1] / usable)
             # C_1 completes the step in flight before the span (its prefill chunks, if any,
             # ended their prompts); every later one, a span step of decodes only.
             log.prompt_tokens.append(first_prompt_tokens if c == 1 else 0)
-            log.gen_tokens.append(nreq)
+            log.gen_tokens.append(out.gen[c - 1])
+        for c, req in out.finished:  # as _complete_oldest reports them
+            self.num_finished += 1
+            if self.on_finished is not None:
+                self.on_finished(m, req, times[c])
         # Still in flight: the steps before the span and the span's schedules, less the n_c
         # oldest (completed).
-        slots: list[tuple[list[ScheduledStep], int] | int] = [*inflight, *range(n_s)]
+        before = list(inflight)[n_c:]
         inflight.clear()
-        for entry in slots[n_c:]:
-            if isinstance(entry, int):
-                step = ScheduledStep(
-                    reqs=list(reqs),
-                    num_tokens=[1] * nreq,
-                    samples=[True] * nreq,
-                    shape=decode_advanced(shape, entry),
-                    total_tokens=nreq,
-                )
-                entry = ([step], ends[entry])
+        for entry in before:
             inflight.append(entry)
+        first = n_s - len(out.tail)
+        for j, reqs in enumerate(out.tail):
+            shape_j, _ = sched.span_segment(span, first + j)
+            nreq = len(reqs)
+            step = ScheduledStep(
+                reqs=reqs,
+                num_tokens=[1] * nreq,
+                samples=[True] * nreq,
+                shape=shape_j,
+                total_tokens=nreq,
+            )
+            inflight.append(([step], ends[first + j]))
         return times[n_c], ops % 2 == 1
 
     def _can_schedule(self) -> bool:

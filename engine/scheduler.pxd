@@ -11,7 +11,7 @@ cdef long long _NO_OP
 cdef inline (long long, long long) _next_checks(Request r, long long op, long long c0, long long lag, bint cache_async)
 
 @cython.locals(m="long long", p=Py_ssize_t)
-cdef long long _first_due(long long[::1] next_s, long long[::1] next_u)
+cdef long long _first_due(long long[::1] next_s, long long[::1] next_u, long long[::1] fin)
 
 cdef class Scheduler:
     cdef public KVCacheManager kv
@@ -40,19 +40,26 @@ cdef class Scheduler:
                    looked_up=bint, resumed=bint, running=list, reqs=list, ntoks=list, samples=list)
     cpdef schedule(self, long long now_ns)
     @cython.locals(running=list, n=Py_ssize_t, nxt="long long", async_=bint, lag="long long", ph="long long",
-                   last=Request, r=Request, cache_async=bint, max_len="long long", limit="long long", dsum="long long",
-                   dmin="long long", dmax="long long", c0="long long[::1]", next_s="long long[::1]",
+                   last=Request, r=Request, cache_async=bint, max_len="long long", limit="long long",
+                   c0="long long[::1]", next_s="long long[::1]",
                    next_u="long long[::1]", pos=Py_ssize_t,
                    c="long long", nt="long long", fa="long long", room="long long", i="long long", op="long long", q="long long",
-                   openers=list)
+                   openers=list, finishes=bint, lo_room="long long", hi_room="long long", rooms="long long[::1]",
+                   stops="long long[::1]", fins="long long[::1]")
     cpdef steady_decode(self, list inflight)
+    @cython.locals(stop="long long[::1]", c0="long long[::1]", n="long long", dsum="long long", dmin="long long",
+                   dmax="long long", end="long long", p=Py_ssize_t, s="long long", c="long long")
+    cpdef tuple span_segment(self, span, long long i)
     @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
-                   lim_c="long long", lim_s="long long", lag="long long", c0="long long[::1]",
-                   next_s="long long[::1]", next_u="long long[::1]", due="long long", todo=list, n=Py_ssize_t,
-                   free_after=list, op="long long", i="long long", need="long long", p=Py_ssize_t, r=Request,
-                   c="long long", after="long long", nt="long long", nt0="long long", upto="long long",
-                   done_s="long long", done_c="long long", log=TokenLog, k1=Py_ssize_t, nxt="long long")
-    cpdef tuple decode_span(self, span, list times)
+                   lim_c="long long", lim_s="long long", lag="long long", c0="long long[::1]", room="long long[::1]",
+                   stop="long long[::1]", fin="long long[::1]", next_s="long long[::1]", next_u="long long[::1]",
+                   due="long long", todo=list, n=Py_ssize_t, gen=list, run_after=list, free_after=list, finished=list,
+                   sizes=list, n_run=Py_ssize_t, size=Py_ssize_t, cut="long long", op="long long", i="long long",
+                   need="long long", p=Py_ssize_t, r=Request, c="long long", after="long long", nt="long long",
+                   nt0="long long", upto="long long", k="long long", done_s="long long", done_c="long long",
+                   log=TokenLog, k1=Py_ssize_t, nxt="long long", tail=list, sc="long long", cc="long long",
+                   j="long long", members=list, kept=list)
+    cpdef decode_span(self, span, list times)
     @cython.locals(finished=list, kv=KVCacheManager, async_=bint, cache_async=bint, max_len="long long",
                    k="long long", g="long long", req=Request, nt="long long", ph="long long", upto="long long",
                    reqs=list, samples=list, j=Py_ssize_t, fin=int, run=int)

@@ -30,15 +30,21 @@ from engine.request import FINISHED, PREEMPTED, RUNNING, Request, TokenLog
 
 @dataclass(slots=True)
 class DecodeSpan:
-    """A run of identical pure-decode steps as :meth:`Scheduler.steady_decode` found it: the
-    first step's batch shape (step ``i`` has every decode ``i`` tokens further), how many
-    completions the requests allow before one of them finishes or is skipped, and each
-    running request's start state and first KV checks (for :meth:`Scheduler.decode_span`)."""
+    """A run of pure-decode steps as :meth:`Scheduler.steady_decode` found it: how many
+    completions it may run to, and each running request's start state, its last schedule in
+    the span and its first KV checks (for :meth:`Scheduler.decode_span`). Step ``i`` holds the
+    requests whose ``stop`` is at least ``i``, each ``i`` tokens further than at the start
+    (:meth:`Scheduler.span_segment` gives its batch shape)."""
 
-    shape: BatchShape
     max_completions: int
     lag: int  # num_tokens - num_computed_tokens of every request (sync 1, async 0)
     c0: array  # num_computed_tokens of each running request, in order (int64)
+    # Per request: completions left until it finishes (max_tokens or max_model_len) and the
+    # last schedule that includes it (sync room - 1; async room - 2: its final token is then in
+    # flight, and schedule() skips it).
+    room: array
+    stop: array
+    fin: array  # the operation of its final completion, if it finishes in the span (else _NO_OP)
     next_s: array  # per request: the operation of its next schedule-side KV check
     next_u: array  # per request: ... of its next completion-side check (async caching; else
     # _NO_OP)
@@ -46,6 +52,22 @@ class DecodeSpan:
     # their token times: async, those whose prompt (or recompute) finished in the step in
     # flight, so that completion is their first token since admission.
     openers: list[int]
+
+
+@dataclass(slots=True)
+class SpanOutcome:
+    """What :meth:`Scheduler.decode_span` did, for the engine loop to log and hand on: per
+    completion done (C_1, C_2, ...), the tokens it gave, the requests still running after it
+    and the free blocks after it; the requests that finished, each with its completion's
+    number, in the order step-by-step finishes them; the requests of each span schedule still
+    in flight at the end (the last ``len(tail)`` schedules, oldest first)."""
+
+    ops: int
+    gen: list[int]
+    running: list[int]
+    free: list[int]
+    finished: list[tuple[int, Request]]
+    tail: list[list[Request]]
 
 
 def _first_kv_schedule(r: Request, c0: int, async_: bool) -> int:
@@ -80,14 +102,17 @@ def _next_checks(r: Request, op: int, c0: int, lag: int, cache_async: bool) -> t
     return s, u
 
 
-def _first_due(next_s: array, next_u: array) -> int:
-    """The earliest operation at which any request of a span has a KV check due."""
+def _first_due(next_s: array, next_u: array, fin: array) -> int:
+    """The earliest operation at which any request of a span has a KV check or its finish
+    due."""
     m = _NO_OP
     for p in range(len(next_s)):
         if next_s[p] < m:
             m = next_s[p]
         if next_u[p] < m:
             m = next_u[p]
+        if fin[p] < m:
+            m = fin[p]
     return m
 
 
@@ -340,6 +365,11 @@ class Scheduler:
         :meth:`update_from_output` would.
         The same pass files each request's first KV check of the span (see
         :meth:`decode_span`).
+
+        With nothing waiting, requests may finish inside the span (no admission can follow a
+        finish before the caller's horizon): each drops out of the schedules once its final
+        token is in flight and finishes at its completion; the span ends before the last
+        request's finish. With requests waiting (every seat taken), it ends before the first.
         """
         if self.one_token_in_flight:
             return None
@@ -368,11 +398,13 @@ class Scheduler:
         if last.num_output_placeholders != ph or last.num_tokens - last.num_computed_tokens != lag:
             return None
         cache_async = async_ and self.kv.enable_caching
+        finishes = not self.waiting
         max_len = self.max_model_len
-        limit = max_len
-        dsum = 0
-        dmin = dmax = running[0].num_computed_tokens
+        lo_room = hi_room = 0
         c0 = array("q", [0]) * n
+        rooms = array("q", [0]) * n
+        stops = array("q", [0]) * n
+        fins = array("q", [_NO_OP]) * n
         next_s = array("q", [0]) * n
         next_u = array("q", [_NO_OP]) * n
         openers: list[int] = []
@@ -386,13 +418,14 @@ class Scheduler:
                 openers.append(pos)
             fa = r.finish_at
             room = (fa if fa < max_len else max_len) - nt
-            if room < limit:
-                limit = room
-            dsum += c
-            if c < dmin:
-                dmin = c
-            elif c > dmax:
-                dmax = c
+            rooms[pos] = room
+            stops[pos] = room - 2 + lag
+            if finishes:
+                fins[pos] = 2 * room - 1  # the operation of its final completion
+            if pos == 0 or room < lo_room:
+                lo_room = room
+            if room > hi_room:
+                hi_room = room
             c0[pos] = c
             # Operations: a schedule S_i is number 2i, a completion C_i number 2i - 1.
             i = _first_kv_schedule(r, c, async_)
@@ -400,28 +433,52 @@ class Scheduler:
             if cache_async:
                 q = r.kv_cache_at - nt + 1  # the first completion with upto >= kv_cache_at
                 next_u[pos] = 2 * q - 1 if q > 1 else 1
+        limit = hi_room if finishes else lo_room
         if limit < 2:
             return None
-        return DecodeSpan(BatchShape(n, n, 0, 0, n, dsum, dmin, dmax), limit - 1, lag, c0,
-                          next_s, next_u, openers)
+        return DecodeSpan(limit - 1, lag, c0, rooms, stops, fins, next_s, next_u, openers)
 
-    def decode_span(self, span: DecodeSpan, times: list[int]) -> tuple[int, list[int]]:
+    def span_segment(self, span: DecodeSpan, i: int) -> tuple[BatchShape, int]:
+        """The batch shape of the span's schedule S_i and the first later schedule whose
+        requests differ (S_i .. S_{end - 1} hold the same requests)."""
+        stop, c0 = span.stop, span.c0
+        n = dsum = dmin = dmax = 0
+        end = _NO_OP
+        for p in range(len(stop)):
+            s = stop[p]
+            if s >= i:
+                c = c0[p]
+                if n == 0:
+                    dmin = dmax = c
+                elif c < dmin:
+                    dmin = c
+                elif c > dmax:
+                    dmax = c
+                n += 1
+                dsum += c
+                if s + 1 < end:
+                    end = s + 1
+        if n == 0:
+            return BatchShape(0, 0, 0, 0, 0, 0, 0, 0), end
+        return BatchShape(n, n, 0, 0, n, dsum + i * n, dmin + i, dmax + i), end
+
+    def decode_span(self, span: DecodeSpan, times: list[int]) -> SpanOutcome:
         """Run the steady span ``span`` (from :meth:`steady_decode`, nothing changed since) as
         step-by-step would: schedules S_0, S_1, ... and completions C_1, C_2, ... alternating
         (S_0, C_1, S_1, C_2, ...), where ``times[i]`` is when C_i and S_i happen
         (``times[0]``: now). It stops before the first operation that ``times`` does not cover,
-        the requests' limit forbids, or the free blocks cannot serve (a schedule that would
+        the span's limit forbids, or the free blocks cannot serve (a schedule that would
         preempt).
 
-        Returns (operations done, free blocks after each schedule). Each request's KV calls
-        (``allocate_slots`` on a schedule, ``cache_blocks`` on an async completion) are made at
-        the same operation, in the same request order, with the request's counters as
-        step-by-step has them then (a request is looked at only at the operations where its
-        KV thresholds may be reached: each has its next check of either side filed as an
-        operation number, and an operation where none is due costs nothing);
-        its counters are advanced once at the end and its token run extended. The caller
-        appends the completions' times to :attr:`token_log` and builds the step objects (every
-        step is the running requests, one token each)."""
+        Each request's KV calls (``allocate_slots`` on a schedule, ``cache_blocks`` on an async
+        completion, ``free`` when it finishes) are made at the same operation, in the same
+        request order, with the request's counters as step-by-step has them then (a request
+        is looked at only at the operations where its KV thresholds may be reached or it
+        finishes: each has its next event of either side filed as an operation number, and an
+        operation where none is due costs nothing). Its counters are advanced once at the end
+        and its token run extended; finished requests leave :attr:`running` then. The caller
+        appends the completions' times to :attr:`token_log`, logs the completions, builds the
+        step objects of :attr:`SpanOutcome.tail` and reports the finished requests."""
         running = self.running
         kv = self.kv
         pool = kv.pool
@@ -431,10 +488,17 @@ class Scheduler:
         lim_c = span.max_completions
         lim_s = lim_c - 1 if async_ else lim_c
         lag = span.lag
-        c0, next_s, next_u = span.c0, span.next_s, span.next_u
+        c0, room, stop, fin = span.c0, span.room, span.stop, span.fin
+        next_s, next_u = span.next_s, span.next_u
         n = len(running)
+        gen: list[int] = []
+        run_after: list[int] = []
         free_after: list[int] = []
-        due = _first_due(next_s, next_u)  # the next operation with a check due
+        finished: list[tuple[int, Request]] = []
+        sizes: list[int] = []  # requests of each schedule done
+        n_run = n
+        size = cut = 0  # requests of S_i, and the first later schedule with fewer
+        due = _first_due(next_s, next_u, fin)  # the next operation with something due
         todo: list[int] = []
         op = 0
         while op < n_ops_max:
@@ -442,11 +506,22 @@ class Scheduler:
             if op % 2 == 0:  # S_i
                 if i > lim_s:
                     break
+                if i == 0 or i >= cut:
+                    size = 0
+                    cut = _NO_OP
+                    for p in range(n):
+                        if stop[p] >= i:
+                            size += 1
+                            if stop[p] + 1 < cut:
+                                cut = stop[p] + 1
                 todo.clear()
                 if op == due:
                     need = 0
                     for p in range(n):  # in request order, as schedule() visits them
                         if next_s[p] == op:
+                            if stop[p] < i:  # its final token is in flight: skipped from now on
+                                next_s[p] = _NO_OP
+                                continue
                             todo.append(p)
                             if c0[p] + i + 1 > running[p].kv_slots:
                                 need += 1
@@ -472,12 +547,12 @@ class Scheduler:
                         r.num_computed_tokens = c
                         r.num_tokens = c + lag
                     next_s[p], next_u[p] = _next_checks(r, op, c, lag, cache_async)
-                free_after.append(pool.num_free)
-            else:  # C_i
+                sizes.append(size)
+            else:  # C_i: the output of S_{i-2+lag} (async C_1: of the step in flight before)
                 if i > lim_c:
                     break
                 if op == due:
-                    for p in range(n):
+                    for p in range(n):  # in the step's request order, as update_from_output
                         if next_u[p] == op:
                             r = running[p]
                             nt0 = c0[p]  # async: num_computed_tokens == num_tokens at the start
@@ -486,8 +561,22 @@ class Scheduler:
                             if upto >= r.kv_cache_at:
                                 kv.cache_blocks(r, upto)
                             next_s[p], next_u[p] = _next_checks(r, op, nt0, 0, cache_async)
+                        if fin[p] == op:  # its final token: it finishes
+                            r = running[p]
+                            r.status = FINISHED
+                            r.finish_ns = times[i]
+                            kv.free(r)
+                            r.release()
+                            self.num_finished += 1
+                            finished.append((i, r))
+                            next_s[p] = next_u[p] = fin[p] = _NO_OP
+                            n_run -= 1
+                k = i - 2 + lag
+                gen.append(sizes[k] if k >= 0 else n)
+                run_after.append(n_run)
+                free_after.append(pool.num_free)
             if op == due:
-                due = _first_due(next_s, next_u)
+                due = _first_due(next_s, next_u, fin)
             op += 1
         done_s = (op + 1) // 2  # schedules done
         done_c = op // 2  # completions done
@@ -504,15 +593,41 @@ class Scheduler:
                 if r.first_token_ns < 0:
                     r.first_token_ns = times[1]
                 r.tok_next = nxt
+        tail: list[list[Request]] = []
         if op:
-            for r in running:
-                r.num_computed_tokens += done_s
-                r.num_tokens += done_c
-                r.tok_next += done_c
-            if async_ and done_s != done_c:
-                for r in running:
-                    r.num_output_placeholders += done_s - done_c
-        return op, free_after
+            for p in range(n):
+                r = running[p]
+                sc = stop[p] + 1  # schedules that included it
+                if sc > done_s:
+                    sc = done_s
+                elif sc < 0:
+                    sc = 0
+                cc = room[p]  # completions that gave it a token
+                if cc > done_c:
+                    cc = done_c
+                r.num_computed_tokens += sc
+                r.num_tokens += cc
+                r.tok_next += cc
+                if async_:
+                    r.num_output_placeholders += sc - cc
+            # The span's schedules still in flight: all but the done_c oldest steps, counting
+            # the one in flight before the span (async).
+            j = done_c - 1 + lag
+            while j < done_s:
+                if j >= 0:
+                    members: list[Request] = []
+                    for p in range(n):
+                        if stop[p] >= j:
+                            members.append(running[p])
+                    tail.append(members)
+                j += 1
+            if finished:
+                kept: list[Request] = []
+                for p in range(n):
+                    if running[p].status != FINISHED:
+                        kept.append(running[p])
+                running[:] = kept
+        return SpanOutcome(op, gen, run_after, free_after, finished, tail)
 
     # -- outputs -------------------------------------------------------------------------
     def update_from_output(self, step: ScheduledStep, now_ns: int) -> list[Request]:

@@ -144,6 +144,13 @@ class Watch:
                     watch.finishes[(req.index, role)] += 1
                 return done
 
+            def decode_span(self, span, times):  # requests also finish inside decode spans
+                out = super().decode_span(span, times)
+                role = watch.roles.get(id(self), "colocated")
+                for _, req in out.finished:
+                    watch.finishes[(req.index, role)] += 1
+                return out
+
         monkeypatch.setattr(simulate_mod, "EngineUnit", CheckedUnit)
         monkeypatch.setattr(simulate_mod, "Scheduler", CountedScheduler)
 

@@ -76,6 +76,10 @@ setup(
             # Types come from the .pxd files only; the .py annotations are documentation
             # (``x: int`` must stay a Python int, which may exceed 64 bits).
             "annotation_typing": False,
+            # Indices in the compiled core are never negative and always in range (the pure
+            # Python oracle, SERVESWEEP_PURE_PYTHON=1, raises on any that is not): no checks.
+            "boundscheck": False,
+            "wraparound": False,
         },
         quiet=True,
         nthreads=os.cpu_count() or 1,

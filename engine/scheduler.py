@@ -394,7 +394,7 @@ class Scheduler:
             if inflight:
                 return None
             lag, ph = 1, 0
-        last = running[-1]  # the most recently admitted: the likeliest to be in prefill
+        last = running[n - 1]  # the most recently admitted: the likeliest to be in prefill
         if last.num_output_placeholders != ph or last.num_tokens - last.num_computed_tokens != lag:
             return None
         cache_async = async_ and self.kv.enable_caching

@@ -7,7 +7,8 @@ cdef class BlockPool:
     cdef public Py_ssize_t num_blocks
     cdef public bint enable_caching
     cdef public object ref_cnt
-    cdef public list block_hash
+    cdef unsigned long long[::1] _bhash
+    cdef signed char[::1] _hashed
     cdef int[::1] _ref
     cdef int[::1] _next
     cdef int[::1] _prev
@@ -30,13 +31,13 @@ cdef class BlockPool:
     cpdef Py_ssize_t lookup(self, unsigned long long h)
     @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v=int, free=Py_ssize_t)
     cdef Py_ssize_t _index(self, unsigned long long h, Py_ssize_t b)
-    @cython.locals(more=list, i=Py_ssize_t)
+    @cython.locals(more=list, i=Py_ssize_t, h="unsigned long long")
     cpdef _evict(self, Py_ssize_t b)
-    @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t, bh=list)
+    @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t)
     cpdef list get_new_blocks(self, Py_ssize_t n)
     @cython.locals(b=Py_ssize_t)
     cpdef touch(self, list blocks)
     @cython.locals(b=Py_ssize_t, r=int)
     cpdef free_blocks(self, list ordered)
-    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, bh=list, more=list)
+    @cython.locals(i=Py_ssize_t, b=Py_ssize_t, more=list, h="unsigned long long")
     cpdef cache_full_blocks(self, list blocks, list block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)

@@ -34,7 +34,8 @@ class BlockPool:
         "num_blocks",
         "enable_caching",
         "ref_cnt",
-        "block_hash",
+        "_bhash",
+        "_hashed",
         "_ref",
         "_next",
         "_prev",
@@ -54,11 +55,12 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         # Per block: references held (``_ref`` is the same array, typed as a C buffer when
-        # compiled), and the chained hash it carries (None: none; the hash objects are the
-        # requests' own, so the index below needs no new ints).
+        # compiled), and the chained hash it carries (``_bhash``, valid where ``_hashed`` is 1;
+        # read them as :attr:`block_hash`).
         self.ref_cnt = array("i", bytes(4 * num_blocks))
         self._ref = self.ref_cnt
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self._bhash = array("Q", bytes(8 * num_blocks))
+        self._hashed = array("b", bytes(num_blocks))
         # The free queue, head (next to allocate) first: vLLM's doubly linked
         # FreeKVCacheBlockQueue, as next/previous links with ``num_blocks`` as the sentinel
         # (its next is the head, its previous the tail); initially 1, 2, ..., N-1.
@@ -85,6 +87,11 @@ class BlockPool:
         self._ifill = 0  # slots holding a block or _GONE (probes stop only at _EMPTY)
         self._dupes: dict[int, list[int]] = {}
         self.num_evictions = 0
+
+    @property
+    def block_hash(self) -> list[int | None]:
+        """The chained hash each block carries (None: none), by block id."""
+        return [self._bhash[b] if self._hashed[b] else None for b in range(self.num_blocks)]
 
     # -- free queue -------------------------------------------------------------------
     def free_block_ids(self) -> list[int]:
@@ -183,9 +190,9 @@ class BlockPool:
         return self._ilive + sum(len(v) for v in self._dupes.values())
 
     def _evict(self, b: int) -> None:
-        h = self.block_hash[b]
-        if h is None:
+        if not self._hashed[b]:
             return
+        h = self._bhash[b]
         i = self._find(h)
         more = self._dupes.get(h) if self._dupes else None
         if more is None:  # the only block under h
@@ -198,7 +205,7 @@ class BlockPool:
                 more.remove(b)
             if not more:
                 del self._dupes[h]
-        self.block_hash[b] = None
+        self._hashed[b] = 0
         self.num_evictions += 1
 
     # -- allocation ---------------------------------------------------------------------
@@ -206,13 +213,12 @@ class BlockPool:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
-        bh = self.block_hash
         sentinel = self.num_blocks
         out = []
         for _ in range(n):
             b = self._next[sentinel]
             self._unlink(b)
-            if bh[b] is not None:
+            if self._hashed[b]:
                 self._evict(b)
             self._ref[b] = 1
             out.append(b)
@@ -242,13 +248,13 @@ class BlockPool:
         self, blocks: list[int], block_hashes: list[int], num_cached: int, num_full: int
     ) -> None:
         """Register blocks ``[num_cached, num_full)`` of a request under their chained hashes."""
-        bh = self.block_hash
         for i in range(num_cached, num_full):
             b = blocks[i]
-            if bh[b] is not None:
+            if self._hashed[b]:
                 raise BlockPoolError(f"block {b} cached twice")
             h = block_hashes[i]
-            bh[b] = h
+            self._bhash[b] = h
+            self._hashed[b] = 1
             if self._index(h, b) != b:  # h already indexed: b joins its duplicates
                 more = self._dupes.get(h)
                 if more is None:
@@ -279,10 +285,13 @@ class BlockPool:
             if (b in free) != (self.ref_cnt[b] == 0):
                 raise BlockPoolError(f"block {b}: free-queue membership disagrees with ref_cnt")
         for group in self.cache_groups():
-            h = self.block_hash[group[0]]
+            hashes = self.block_hash
+            h = hashes[group[0]]
             for b in group:
-                if h is None or self.block_hash[b] != h or self.lookup(h) != group[0]:
+                if h is None or hashes[b] != h or self.lookup(h) != group[0]:
                     raise BlockPoolError(f"block {b} indexed under a hash it does not carry")
-        n_hashed = sum(1 for h in self.block_hash if h is not None)
+        n_hashed = 0
+        for b in range(self.num_blocks):
+            n_hashed += self._hashed[b]
         if n_hashed != self.num_cached_blocks():
             raise BlockPoolError("hashed blocks and the cache index disagree")

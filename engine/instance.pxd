@@ -35,5 +35,5 @@ cdef class EngineUnit:
                    nxt="long long", ops="long long", n_s="long long", n_c="long long", reqs=list, nreq=Py_ssize_t,
                    tlog=object, usable="long long", waiting="long long", c="long long", tc="long long", log=StepLog,
                    seg_end="long long", seg_start="long long", k="long long", before=list, first="long long",
-                   j=Py_ssize_t)
+                   j=Py_ssize_t, done=list, usage=list, prompt=list, free="long long")
     cpdef _decode_span(self, long long t, long long horizon)

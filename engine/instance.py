@@ -311,17 +311,22 @@ class EngineUnit:
         tlog = sched.token_log.times
         usable = sched.kv.pool.num_blocks - 1
         waiting = len(sched.waiting) + len(m.arrived_kv)
-        for c in range(1, n_c + 1):
-            tc = times[c]
-            tlog.append(tc)
-            log.end_ns.append(tc)
-            log.running.append(out.running[c - 1])
-            log.waiting.append(waiting)
-            log.usage.append(1.0 - out.free[c - 1] / usable)
+        if n_c:  # (in bulk: one extend per column)
+            done = times[1 : n_c + 1]
+            tlog.extend(done)
+            log.end_ns.extend(done)
+            log.running.extend(out.running)
+            log.waiting.extend([waiting] * n_c)
+            usage = []
+            for free in out.free:
+                usage.append(1.0 - free / usable)
+            log.usage.extend(usage)
             # C_1 completes the step in flight before the span (its prefill chunks, if any,
             # ended their prompts); every later one, a span step of decodes only.
-            log.prompt_tokens.append(first_prompt_tokens if c == 1 else 0)
-            log.gen_tokens.append(out.gen[c - 1])
+            prompt = [0] * n_c
+            prompt[0] = first_prompt_tokens
+            log.prompt_tokens.extend(prompt)
+            log.gen_tokens.extend(out.gen)
         for c, req in out.finished:  # as _complete_oldest reports them
             self.num_finished += 1
             if self.on_finished is not None:

@@ -9,6 +9,7 @@ cdef class BlockPool:
     cdef public object ref_cnt
     cdef unsigned long long[::1] _bhash
     cdef signed char[::1] _hashed
+    cdef int[::1] _slot
     cdef int[::1] _ref
     cdef int[::1] _next
     cdef int[::1] _prev
@@ -31,7 +32,7 @@ cdef class BlockPool:
     cpdef Py_ssize_t lookup(self, unsigned long long h)
     @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v=int, free=Py_ssize_t)
     cdef Py_ssize_t _index(self, unsigned long long h, Py_ssize_t b)
-    @cython.locals(more=list, i=Py_ssize_t, h="unsigned long long")
+    @cython.locals(more=list, i=Py_ssize_t, h="unsigned long long", nxt=Py_ssize_t)
     cpdef _evict(self, Py_ssize_t b)
     @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t)
     cpdef list get_new_blocks(self, Py_ssize_t n)

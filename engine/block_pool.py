@@ -36,6 +36,7 @@ class BlockPool:
         "ref_cnt",
         "_bhash",
         "_hashed",
+        "_slot",
         "_ref",
         "_next",
         "_prev",
@@ -61,6 +62,9 @@ class BlockPool:
         self._ref = self.ref_cnt
         self._bhash = array("Q", bytes(8 * num_blocks))
         self._hashed = array("b", bytes(num_blocks))
+        # The index slot holding each block (-1: none; a block under an indexed hash is one of
+        # its duplicates), so an eviction needs no probe.
+        self._slot = array("i", [-1]) * num_blocks
         # The free queue, head (next to allocate) first: vLLM's doubly linked
         # FreeKVCacheBlockQueue, as next/previous links with ``num_blocks`` as the sentinel
         # (its next is the head, its previous the tail); initially 1, 2, ..., N-1.
@@ -159,6 +163,7 @@ class BlockPool:
             self._ifill += 1
         self._ikeys[free] = h
         self._ivals[free] = b
+        self._slot[b] = free
         self._ilive += 1
         if 4 * self._ifill > 3 * (mask + 1):  # too few empty slots: drop the deleted ones
             self._rehash()
@@ -193,18 +198,21 @@ class BlockPool:
         if not self._hashed[b]:
             return
         h = self._bhash[b]
-        i = self._find(h)
+        i = self._slot[b]
         more = self._dupes.get(h) if self._dupes else None
         if more is None:  # the only block under h
             self._ivals[i] = _GONE
             self._ilive -= 1
         else:
-            if self._ivals[i] == b:
-                self._ivals[i] = more.pop(0)
+            if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
+                nxt = more.pop(0)
+                self._ivals[i] = nxt
+                self._slot[nxt] = i
             else:
                 more.remove(b)
             if not more:
                 del self._dupes[h]
+        self._slot[b] = -1
         self._hashed[b] = 0
         self.num_evictions += 1
 
@@ -290,6 +298,8 @@ class BlockPool:
             for b in group:
                 if h is None or hashes[b] != h or self.lookup(h) != group[0]:
                     raise BlockPoolError(f"block {b} indexed under a hash it does not carry")
+            if self._slot[group[0]] != self._find(h) or any(self._slot[b] >= 0 for b in group[1:]):
+                raise BlockPoolError(f"hash of block {group[0]}: slot column disagrees with the index")
         n_hashed = 0
         for b in range(self.num_blocks):
             n_hashed += self._hashed[b]

@@ -19,14 +19,17 @@ Data parallelism (vLLM DP): the members of a group step together; an idle member
 batch, the batches are padded as ``dp_pad`` says, and the group's step lasts as long as its
 slowest member.
 
-Steady decode spans: while nothing can change the schedule (no request reaches the engine, none
-finishes, is in prefill or waits, the free blocks serve every block boundary crossed), the
-steps are identical pure-decode batches (async: the step in flight when a span starts may hold
-prefill chunks that end their prompts; their requests decode from the span's first step on). :meth:`EngineUnit.poll` then runs them in bulk
-(:meth:`engine.scheduler.Scheduler.decode_span` for the requests and the KV cache, the step
-latencies at once when the latency model offers ``decode_steps_ns``), with the same result as
-step by step: one :class:`StepLog` entry and one token-log time per step, the same KV calls in
-the same order. The caller bounds the span with ``horizon_ns``, the earliest time anything
+Steady decode spans: while only the requests' own progress changes the schedule (no request
+reaches the engine or can be admitted, none is in prefill, the free blocks serve every block
+boundary crossed), the steps are pure-decode batches of the running requests; one that
+finishes drops out of them, nothing waiting to take its seat (with every seat taken and
+requests queued, a span ends before the first finish). In async scheduling the step in flight
+when a span starts may hold prefill chunks that end their prompts. :meth:`EngineUnit.poll`
+runs such steps in bulk (:meth:`engine.scheduler.Scheduler.decode_span` for the requests and
+the KV cache, the step latencies at once when the latency model offers ``decode_steps_ns``),
+with the same result as step by step: one :class:`StepLog` entry and one token-log time per
+step, the same KV calls (frees included) in the same order, each finish reported at its time.
+The caller bounds the span with ``horizon_ns``, the earliest time anything
 outside the unit may reach or read it; without it (or with ``fast_forward`` off, or a DP
 group, pipeline parallelism, lower KV tiers, a P/D decode queue) every step is simulated.
 """

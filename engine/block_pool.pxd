@@ -22,6 +22,8 @@ cdef class BlockPool:
     cdef dict _dupes
     cdef public long long num_evictions
 
+    @cython.locals(b=Py_ssize_t)
+    cdef void _link_in_order(self)
     @cython.locals(n=int, p=int)
     cdef inline void _unlink(self, Py_ssize_t b)
     @cython.locals(sentinel=int, tail=int)

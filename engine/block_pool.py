@@ -69,8 +69,9 @@ class BlockPool:
         # FreeKVCacheBlockQueue, as next/previous links with ``num_blocks`` as the sentinel
         # (its next is the head, its previous the tail); initially 1, 2, ..., N-1.
         sentinel = num_blocks
-        self._next = array("i", range(1, num_blocks + 2))
-        self._prev = array("i", range(-1, num_blocks))
+        self._next = array("i", [0]) * (num_blocks + 1)
+        self._prev = array("i", [0]) * (num_blocks + 1)
+        self._link_in_order()
         self._next[0] = self._prev[0] = -1  # the null block is never queued
         self._next[num_blocks - 1] = sentinel
         self._next[sentinel] = 1
@@ -98,6 +99,13 @@ class BlockPool:
         return [self._bhash[b] if self._hashed[b] else None for b in range(self.num_blocks)]
 
     # -- free queue -------------------------------------------------------------------
+    def _link_in_order(self) -> None:
+        """Link every slot of the queue columns to its neighbours by id (a C loop when
+        compiled: a pool may hold 10^5 blocks and a cluster many pools)."""
+        for b in range(self.num_blocks + 1):
+            self._next[b] = b + 1
+            self._prev[b] = b - 1
+
     def free_block_ids(self) -> list[int]:
         """The free queue from head (next to allocate) to tail. For tests and debugging."""
         out = []

@@ -523,7 +523,8 @@ class Scheduler:
                                 next_s[p] = _NO_OP
                                 continue
                             todo.append(p)
-                            if c0[p] + i + 1 > running[p].kv_slots:
+                            r = running[p]
+                            if c0[p] + i + 1 > r.kv_slots:
                                 need += 1
                     if need > pool.num_free:
                         break  # this schedule would preempt: leave it to schedule()
@@ -624,8 +625,9 @@ class Scheduler:
             if finished:
                 kept: list[Request] = []
                 for p in range(n):
-                    if running[p].status != FINISHED:
-                        kept.append(running[p])
+                    r = running[p]
+                    if r.status != FINISHED:
+                        kept.append(r)
                 running[:] = kept
         return SpanOutcome(op, gen, run_after, free_after, finished, tail)
 

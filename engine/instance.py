@@ -211,7 +211,11 @@ class EngineUnit:
             and members[0].scheduler.kv.tiers is None
         )
         while True:
-            if span_ok and t < horizon_ns and not members[0].arrived_kv:  # type: ignore[operator]
+            # A span whose next completion comes at or after the horizon would be one schedule
+            # (S_0) only: an ordinary schedule is the same and cheaper.
+            if (span_ok and t < horizon_ns  # type: ignore[operator]
+                    and not (inflight and inflight[0][1] >= horizon_ns)
+                    and not members[0].arrived_kv):
                 done = self._decode_span(t, horizon_ns)  # type: ignore[arg-type]
                 if done is not None:
                     t, full = done

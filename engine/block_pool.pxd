@@ -34,6 +34,9 @@ cdef class BlockPool:
     cpdef Py_ssize_t lookup(self, unsigned long long h)
     @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v=int, free=Py_ssize_t)
     cdef Py_ssize_t _index(self, unsigned long long h, Py_ssize_t b)
+    @cython.locals(keys="unsigned long long[::1]", vals="int[::1]", n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t,
+                   v=int)
+    cdef void _rehash(self)
     @cython.locals(more=list, i=Py_ssize_t, h="unsigned long long", nxt=Py_ssize_t)
     cpdef _evict(self, Py_ssize_t b)
     @cython.locals(b=Py_ssize_t, out=list, sentinel=Py_ssize_t)

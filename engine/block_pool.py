@@ -178,13 +178,20 @@ class BlockPool:
         return b
 
     def _rehash(self) -> None:
-        keys, vals = self._ikeys, self._ivals
-        live = [(keys[i], vals[i]) for i in range(self._imask + 1) if vals[i] >= 0]
+        """Re-insert the live entries into an emptied table (deleted slots dropped)."""
+        keys = array("Q", [0]) * self._ilive
+        vals = array("i", [0]) * self._ilive
+        n = 0
         for i in range(self._imask + 1):
-            vals[i] = _EMPTY
+            v = self._ivals[i]
+            if v >= 0:
+                keys[n] = self._ikeys[i]
+                vals[n] = v
+                n += 1
+            self._ivals[i] = _EMPTY
         self._ifill = self._ilive = 0
-        for h, b in live:
-            self._index(h, b)
+        for j in range(n):
+            self._index(keys[j], vals[j])
 
     def blocks_with_hash(self, h: int) -> list[int]:
         """Every block carrying hash ``h``, the one lookups return first."""

@@ -58,7 +58,7 @@ cdef class Scheduler:
                    need="long long", p=Py_ssize_t, r=Request, c="long long", after="long long", nt="long long",
                    nt0="long long", upto="long long", k="long long", done_s="long long", done_c="long long",
                    log=TokenLog, k1=Py_ssize_t, nxt="long long", tail=list, sc="long long", cc="long long",
-                   j="long long", members=list, kept=list)
+                   j="long long", members=list, kept=list, fin_state=int)
     cpdef decode_span(self, span, list times)
     @cython.locals(finished=list, kv=KVCacheManager, async_=bint, cache_async=bint, max_len="long long",
                    k="long long", g="long long", req=Request, nt="long long", ph="long long", upto="long long",

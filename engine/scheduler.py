@@ -497,6 +497,7 @@ class Scheduler:
         finished: list[tuple[int, Request]] = []
         sizes: list[int] = []  # requests of each schedule done
         n_run = n
+        fin_state = FINISHED
         size = cut = 0  # requests of S_i, and the first later schedule with fewer
         due = _first_due(next_s, next_u, fin)  # the next operation with something due
         todo: list[int] = []
@@ -564,7 +565,7 @@ class Scheduler:
                             next_s[p], next_u[p] = _next_checks(r, op, nt0, 0, cache_async)
                         if fin[p] == op:  # its final token: it finishes
                             r = running[p]
-                            r.status = FINISHED
+                            r.status = fin_state
                             r.finish_ns = times[i]
                             kv.free(r)
                             r.release()
@@ -626,7 +627,7 @@ class Scheduler:
                 kept: list[Request] = []
                 for p in range(n):
                     r = running[p]
-                    if r.status != FINISHED:
+                    if r.status != fin_state:
                         kept.append(r)
                 running[:] = kept
         return SpanOutcome(op, gen, run_after, free_after, finished, tail)

@@ -192,7 +192,7 @@ class _SkewAlphas:
         self.rate_bins, self.n_rate = b["skew_rate"], len(lab["skew_rate"])
         self.kv_bins, self.n_kv = b["kv_big"], len(lab["kv_big"])
         self.kp_bins, self.n_kp = b["kp"], len(lab["kp"])
-        self._memo: dict[tuple[int, int, int, int, int], float] = {}
+        self._memo: dict[int, float] = {}
 
     def alpha(self, pc: int, kp: int, nd: int, rate: float, kv_max: int) -> float:
         """``entry.table[skew_bucket_key(...)]``, else the entry's alpha_default."""
@@ -202,7 +202,8 @@ class _SkewAlphas:
                              bucket_index(kp, self.kp_bins, self.n_kp))
 
     def alpha_at(self, pc: int, i_n: int, i_rate: int, i_kv: int, i_kp: int) -> float:
-        key = (pc, i_n, i_rate, i_kv, i_kp)
+        # One int per (pc, bucket indices): cheaper to build and hash than a tuple.
+        key = (((pc * self.n_n + i_n) * self.n_rate + i_rate) * self.n_kv + i_kv) * self.n_kp + i_kp
         a = self._memo.get(key)
         if a is None:
             text = _bucket_key_text(self.entry, pc, i_n, i_rate, i_kv, i_kp)

@@ -20,6 +20,8 @@ cdef class _SkewAlphas:
     cdef public object n_bins, rate_bins, kv_bins, kp_bins
     cdef public Py_ssize_t n_n, n_rate, n_kv, n_kp
     cdef dict _memo
+    cdef long long _last_key
+    cdef double _last_alpha
     cpdef double alpha(self, long long pc, long long kp, long long nd, double rate, long long kv_max)
     @cython.locals(key="long long")
     cpdef double alpha_at(self, long long pc, Py_ssize_t i_n, Py_ssize_t i_rate, Py_ssize_t i_kv,

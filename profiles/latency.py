@@ -183,7 +183,7 @@ class _SkewAlphas:
     built once per distinct (pc, bucket indices) and its alpha remembered."""
 
     __slots__ = ("entry", "n_bins", "rate_bins", "kv_bins", "kp_bins", "n_n", "n_rate", "n_kv",
-                 "n_kp", "_memo")
+                 "n_kp", "_memo", "_last_key", "_last_alpha")
 
     def __init__(self, entry: SkewTpEntry) -> None:
         self.entry = entry
@@ -193,6 +193,8 @@ class _SkewAlphas:
         self.kv_bins, self.n_kv = b["kv_big"], len(lab["kv_big"])
         self.kp_bins, self.n_kp = b["kp"], len(lab["kp"])
         self._memo: dict[int, float] = {}
+        self._last_key = -1  # the last key asked for and its alpha
+        self._last_alpha = 0.0
 
     def alpha(self, pc: int, kp: int, nd: int, rate: float, kv_max: int) -> float:
         """``entry.table[skew_bucket_key(...)]``, else the entry's alpha_default."""
@@ -204,10 +206,14 @@ class _SkewAlphas:
     def alpha_at(self, pc: int, i_n: int, i_rate: int, i_kv: int, i_kp: int) -> float:
         # One int per (pc, bucket indices): cheaper to build and hash than a tuple.
         key = (((pc * self.n_n + i_n) * self.n_rate + i_rate) * self.n_kv + i_kv) * self.n_kp + i_kp
+        if key == self._last_key:  # a decode span's steps mostly share their bucket
+            return self._last_alpha
         a = self._memo.get(key)
         if a is None:
             text = _bucket_key_text(self.entry, pc, i_n, i_rate, i_kv, i_kp)
             a = self._memo[key] = self.entry.table.get(text, self.entry.alpha_default)
+        self._last_key = key
+        self._last_alpha = a
         return a
 
 

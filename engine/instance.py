@@ -290,7 +290,10 @@ class EngineUnit:
                     shape, seg_end = sched.span_segment(span, i)
                     seg_start = i
                 k = min(chunk, last + 1 - i, seg_end - i)
-                durs.extend(_decode_latencies(lat, shape, i - seg_start, k))
+                if shape.num_seqs:
+                    durs.extend(_decode_latencies(lat, shape, i - seg_start, k))
+                else:  # async S_last with every request's final token in flight: it is never
+                    durs.extend([0] * k)  # scheduled, and a model need not price an empty batch
                 if chunk < _MAX_CHUNK:
                     chunk *= 2
             it = durs[i]

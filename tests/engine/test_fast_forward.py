@@ -44,6 +44,8 @@ class KvLatency:
         self.pp = pp
 
     def iteration_ns(self, shape: BatchShape) -> int:
+        # The engine prices scheduled batches only (a span's never-scheduled tail included).
+        assert shape.num_seqs > 0, f"an empty batch was priced: {shape}"
         kv = shape.decode_kv_sum // shape.num_decode if shape.num_decode else 0
         return 1_000_000 + 10_000 * shape.total_tokens + 37 * kv + 11 * shape.decode_kv_max
 

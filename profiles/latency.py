@@ -160,27 +160,19 @@ def bucket_label(value: float, bins: Sequence[float], labels: Sequence[str]) -> 
     return labels[bucket_index(value, bins, len(labels))]
 
 
-def skew_bucket_key(entry: SkewTpEntry, pc: int, kp: int, nd: int, skew_rate: float,
-                    kv_max: int) -> str:
-    """Bucket key of the alpha table: ``pc=<raw pc>|<n>|<skew rate>|<kv_big>|<kp>`` labels."""
-    b, lab = entry.axes.bins, entry.axes.labels
-    return _bucket_key_text(
-        entry, pc, bucket_index(nd, b["n"], len(lab["n"])),
-        bucket_index(skew_rate, b["skew_rate"], len(lab["skew_rate"])),
-        bucket_index(kv_max, b["kv_big"], len(lab["kv_big"])),
-        bucket_index(kp, b["kp"], len(lab["kp"])))
-
-
 def _bucket_key_text(entry: SkewTpEntry, pc: int, i_n: int, i_rate: int, i_kv: int,
                      i_kp: int) -> str:
+    """Bucket key of the alpha table, ``pc=<raw pc>|<n>|<skew rate>|<kv_big>|<kp>`` labels,
+    from the bucket indices of :func:`bucket_index`."""
     lab = entry.axes.labels
     return (f"pc={pc}|{lab['n'][i_n]}|{lab['skew_rate'][i_rate]}|{lab['kv_big'][i_kv]}"
             f"|{lab['kp'][i_kp]}")
 
 
 class _SkewAlphas:
-    """One TP entry's alpha table read by bucket indices: :func:`skew_bucket_key`'s string is
-    built once per distinct (pc, bucket indices) and its alpha remembered."""
+    """One TP entry's alpha table read by bucket indices: the key string
+    (:func:`_bucket_key_text`) is built once per distinct (pc, bucket indices) and its alpha
+    remembered."""
 
     __slots__ = ("entry", "n_bins", "rate_bins", "kv_bins", "kp_bins", "n_n", "n_rate", "n_kv",
                  "n_kp", "_memo", "_last_key", "_last_alpha")
@@ -197,7 +189,7 @@ class _SkewAlphas:
         self._last_alpha = 0.0
 
     def alpha(self, pc: int, kp: int, nd: int, rate: float, kv_max: int) -> float:
-        """``entry.table[skew_bucket_key(...)]``, else the entry's alpha_default."""
+        """The table's alpha for this batch's bucket key, else the entry's alpha_default."""
         return self.alpha_at(pc, bucket_index(nd, self.n_bins, self.n_n),
                              bucket_index(rate, self.rate_bins, self.n_rate),
                              bucket_index(kv_max, self.kv_bins, self.n_kv),

@@ -32,8 +32,8 @@ cdef class EngineUnit:
     cpdef poll(self, long long t, object horizon_ns=*)
     @cython.locals(sched=Scheduler, times=list, ends=list, gpus=list, queue=list, gpu="long long", durs=list,
                    last="long long", chunk="long long", i="long long", it="long long", start="long long",
-                   nxt="long long", ops="long long", n_s="long long", n_c="long long", reqs=list, nreq=Py_ssize_t,
-                   tlog=object, usable="long long", waiting="long long", c="long long", tc="long long", log=StepLog,
-                   seg_end="long long", seg_start="long long", k="long long", before=list, first="long long",
-                   j=Py_ssize_t, done=list, usage=list, prompt=list, free="long long")
+                   nxt="long long", ops="long long", n_s="long long", n_c="long long",
+                   tlog=object, waiting="long long", c="long long", tc="long long", log=StepLog,
+                   seg_end="long long", seg_start="long long", k="long long", first="long long",
+                   j=Py_ssize_t, done=list, prompt=list)
     cpdef _decode_span(self, long long t, long long horizon)

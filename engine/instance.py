@@ -319,7 +319,6 @@ class EngineUnit:
         # Completed steps are only logged (as _complete_oldest / _record would log them).
         log = m.log
         tlog = sched.token_log.times
-        usable = sched.kv.pool.num_blocks - 1
         waiting = len(sched.waiting) + len(m.arrived_kv)
         if n_c:  # (in bulk: one extend per column)
             done = times[1 : n_c + 1]
@@ -327,10 +326,7 @@ class EngineUnit:
             log.end_ns.extend(done)
             log.running.extend(out.running)
             log.waiting.extend([waiting] * n_c)
-            usage = []
-            for free in out.free:
-                usage.append(1.0 - free / usable)
-            log.usage.extend(usage)
+            log.usage.extend(out.usage)
             # C_1 completes the step in flight before the span (its prefill chunks, if any,
             # ended their prompts); every later one, a span step of decodes only.
             prompt = [0] * n_c
@@ -343,21 +339,10 @@ class EngineUnit:
                 self.on_finished(m, req, times[c])
         # Still in flight: the steps before the span and the span's schedules, less the n_c
         # oldest (completed).
-        before = list(inflight)[n_c:]
-        inflight.clear()
-        for entry in before:
-            inflight.append(entry)
+        for _ in range(min(n_c, len(inflight))):
+            inflight.popleft()
         first = n_s - len(out.tail)
-        for j, reqs in enumerate(out.tail):
-            shape_j, _ = sched.span_segment(span, first + j)
-            nreq = len(reqs)
-            step = ScheduledStep(
-                reqs=reqs,
-                num_tokens=[1] * nreq,
-                samples=[True] * nreq,
-                shape=shape_j,
-                total_tokens=nreq,
-            )
+        for j, step in enumerate(out.tail):
             inflight.append(([step], ends[first + j]))
         return times[n_c], ops % 2 == 1
 

@@ -49,11 +49,11 @@ cdef class Scheduler:
     cpdef steady_decode(self, list inflight)
     @cython.locals(stop="long long[::1]", c0="long long[::1]", n="long long", dsum="long long", dmin="long long",
                    dmax="long long", end="long long", p=Py_ssize_t, s="long long", c="long long")
-    cpdef tuple span_segment(self, span, long long i)
+    cpdef tuple span_segment(self, span, long long i, list members=*)
     @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
                    lim_c="long long", lim_s="long long", lag="long long", c0="long long[::1]", room="long long[::1]",
                    stop="long long[::1]", fin="long long[::1]", next_s="long long[::1]", next_u="long long[::1]",
-                   due="long long", todo=list, n=Py_ssize_t, gen=list, run_after=list, free_after=list, finished=list,
+                   due="long long", todo=list, n=Py_ssize_t, gen=list, run_after=list, usage=list, finished=list,
                    sizes=list, n_run=Py_ssize_t, size=Py_ssize_t, cut="long long", op="long long", i="long long",
                    need="long long", p=Py_ssize_t, r=Request, c="long long", after="long long", nt="long long",
                    nt0="long long", upto="long long", k="long long", done_s="long long", done_c="long long",

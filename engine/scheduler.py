@@ -58,16 +58,16 @@ class DecodeSpan:
 class SpanOutcome:
     """What :meth:`Scheduler.decode_span` did, for the engine loop to log and hand on: per
     completion done (C_1, C_2, ...), the tokens it gave, the requests still running after it
-    and the free blocks after it; the requests that finished, each with its completion's
-    number, in the order step-by-step finishes them; the requests of each span schedule still
-    in flight at the end (the last ``len(tail)`` schedules, oldest first)."""
+    and the KV usage after it; the requests that finished, each with its completion's number,
+    in the order step-by-step finishes them; the span's schedules still in flight at the end
+    (its last ``len(tail)`` schedules, oldest first)."""
 
     ops: int
     gen: list[int]
     running: list[int]
-    free: list[int]
+    usage: list[float]
     finished: list[tuple[int, Request]]
-    tail: list[list[Request]]
+    tail: list[ScheduledStep]
 
 
 def _first_kv_schedule(r: Request, c0: int, async_: bool) -> int:
@@ -438,15 +438,20 @@ class Scheduler:
             return None
         return DecodeSpan(limit - 1, lag, c0, rooms, stops, fins, next_s, next_u, openers)
 
-    def span_segment(self, span: DecodeSpan, i: int) -> tuple[BatchShape, int]:
+    def span_segment(self, span: DecodeSpan, i: int,
+                     members: list[Request] | None = None) -> tuple[BatchShape, int]:
         """The batch shape of the span's schedule S_i and the first later schedule whose
-        requests differ (S_i .. S_{end - 1} hold the same requests)."""
+        requests differ (S_i .. S_{end - 1} hold the same requests); ``members``, if given,
+        receives S_i's requests in order (call it before the span is run: it reads
+        :attr:`running`)."""
         stop, c0 = span.stop, span.c0
         n = dsum = dmin = dmax = 0
         end = _NO_OP
         for p in range(len(stop)):
             s = stop[p]
             if s >= i:
+                if members is not None:
+                    members.append(self.running[p])
                 c = c0[p]
                 if n == 0:
                     dmin = dmax = c
@@ -493,7 +498,7 @@ class Scheduler:
         n = len(running)
         gen: list[int] = []
         run_after: list[int] = []
-        free_after: list[int] = []
+        usage: list[float] = []
         finished: list[tuple[int, Request]] = []
         sizes: list[int] = []  # requests of each schedule done
         n_run = n
@@ -508,13 +513,8 @@ class Scheduler:
                 if i > lim_s:
                     break
                 if i == 0 or i >= cut:
-                    size = 0
-                    cut = _NO_OP
-                    for p in range(n):
-                        if stop[p] >= i:
-                            size += 1
-                            if stop[p] + 1 < cut:
-                                cut = stop[p] + 1
+                    shape, cut = self.span_segment(span, i)
+                    size = shape.num_seqs
                 todo.clear()
                 if op == due:
                     need = 0
@@ -576,7 +576,7 @@ class Scheduler:
                 k = i - 2 + lag
                 gen.append(sizes[k] if k >= 0 else n)
                 run_after.append(n_run)
-                free_after.append(pool.num_free)
+                usage.append(pool.usage())
             if op == due:
                 due = _first_due(next_s, next_u, fin)
             op += 1
@@ -595,7 +595,7 @@ class Scheduler:
                 if r.first_token_ns < 0:
                     r.first_token_ns = times[1]
                 r.tok_next = nxt
-        tail: list[list[Request]] = []
+        tail: list[ScheduledStep] = []
         if op:
             for p in range(n):
                 r = running[p]
@@ -615,13 +615,14 @@ class Scheduler:
             # The span's schedules still in flight: all but the done_c oldest steps, counting
             # the one in flight before the span (async).
             j = done_c - 1 + lag
+            if j < 0:
+                j = 0
             while j < done_s:
-                if j >= 0:
-                    members: list[Request] = []
-                    for p in range(n):
-                        if stop[p] >= j:
-                            members.append(running[p])
-                    tail.append(members)
+                members: list[Request] = []
+                shape, _ = self.span_segment(span, j, members)
+                k = len(members)
+                tail.append(ScheduledStep(reqs=members, num_tokens=[1] * k, samples=[True] * k,
+                                          shape=shape, total_tokens=k))
                 j += 1
             if finished:
                 kept: list[Request] = []
@@ -630,7 +631,7 @@ class Scheduler:
                     if r.status != fin_state:
                         kept.append(r)
                 running[:] = kept
-        return SpanOutcome(op, gen, run_after, free_after, finished, tail)
+        return SpanOutcome(op, gen, run_after, usage, finished, tail)
 
     # -- outputs -------------------------------------------------------------------------
     def update_from_output(self, step: ScheduledStep, now_ns: int) -> list[Request]:

@@ -58,6 +58,7 @@ cdef class _AttentionLookup:
     cdef dict _nearest
     cdef dict _rows
     cdef public dict _memo
+    cdef object __weakref__
     cpdef _KvFn kv_fn(self, long long pc, long long kp, long long nd)
     @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, f0=_KvFn)
     cpdef _KvFn _blend(self, long long pc, long long kp, long long nd)

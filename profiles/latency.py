@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -289,7 +290,7 @@ class _AttentionLookup:
     fallbacks and blend terms)."""
 
     __slots__ = ("table", "ragged_nd", "_pc_axis", "_nd_axis", "_slices", "_nd_by_pc",
-                 "_nearest", "_rows", "_memo")
+                 "_nearest", "_rows", "_memo", "__weakref__")
 
     def __init__(self, table: AttentionTable, ragged_nd: bool) -> None:
         self.table = table
@@ -364,6 +365,25 @@ class _AttentionLookup:
         if lo == hi:
             return rows[lo]
         return _Lerp(rows[lo], rows[hi], t)
+
+
+# Every latency model over one attention table shares its lookup (see attention_lookup).
+_LOOKUPS: weakref.WeakValueDictionary[tuple[int, bool], _AttentionLookup] = (
+    weakref.WeakValueDictionary())
+
+
+def attention_lookup(table: AttentionTable, ragged_nd: bool) -> _AttentionLookup:
+    """The one :class:`_AttentionLookup` of ``table``: every latency model over the same table
+    (the replicas of a deployment, the points of a sweep on one bundle) shares its corner,
+    row and pure-decode memos, which are functions of the table alone, so each row is built
+    once per process instead of once per instance. Held weakly: it lives as long as a model
+    uses it (and it holds the table, so the id in its key stays the table's)."""
+    key = (id(table), ragged_nd)
+    lookup = _LOOKUPS.get(key)
+    if lookup is None or lookup.table is not table:
+        lookup = _AttentionLookup(table, ragged_nd)
+        _LOOKUPS[key] = lookup
+    return lookup
 
 
 def moe_lookup_ns(table: MoeTable, tokens: int, activated: int) -> int:
@@ -482,7 +502,7 @@ class ProfiledLatencyModel:
         self._prologue = self._dense_rows(self.arch.prologue, skip_rotary)
         self._block = self._dense_rows(self.arch.block, skip_rotary)
         self._head = self._dense_rows(self.arch.head, skip_rotary)
-        self._attention = _AttentionLookup(self._tables.attention, ragged_nd=not reference_quirks)
+        self._attention = attention_lookup(self._tables.attention, not reference_quirks)
         self._moe: MoeTable | None = None
         if model.is_moe:
             self._moe = self._tp1.moe

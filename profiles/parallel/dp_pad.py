@@ -47,9 +47,16 @@ def _pad_to(shapes: list[BatchShape], m: int, *, sampled: bool) -> list[BatchSha
     attention keeps the real decodes, and the per-sequence rows (lm_head, sampler) see them only
     when ``sampled``."""
     return [s if s.total_tokens == m else
-            s._replace(total_tokens=m,
-                       num_seqs=s.num_seqs + (m - s.total_tokens if sampled else 0))
+            _resized(s, m, s.num_seqs + (m - s.total_tokens if sampled else 0), s.moe_tokens)
             for s in shapes]
+
+
+def _resized(s: BatchShape, total_tokens: int, num_seqs: int, moe_tokens: int) -> BatchShape:
+    """``s`` with these token, sequence and MoE counts (``s._replace``'s result, built
+    directly: a DP round pads every member's batch, and ``_replace`` costs several times a
+    constructor call)."""
+    return BatchShape(total_tokens, num_seqs, s.prefill_tokens, s.prefill_kv, s.num_decode,
+                      s.decode_kv_sum, s.decode_kv_min, s.decode_kv_max, moe_tokens)
 
 
 def cudagraph_max_tokens(max_num_seqs: int, max_num_batched_tokens: int) -> int:
@@ -90,7 +97,7 @@ class VllmDpPad:
             real = _pad_to(real, m, sampled=False)
         if len(real) > 1:
             g = sum(s.total_tokens for s in real)
-            real = [s._replace(moe_tokens=g) for s in real]
+            real = [_resized(s, s.total_tokens, s.num_seqs, g) for s in real]
         return real
 
 

@@ -450,3 +450,25 @@ def test_one_stage_holds_every_layer(tmp_path: Path) -> None:
     m = make_model(tmp_path, skew=SKEW)
     for s in (shape([(8, 0)]), shape([(24, 32)], [16, 64]), shape(decodes=[40] * 3)):
         assert m.stage_ns(s) == m.iteration_ns(s)
+
+
+def test_models_over_one_table_share_its_attention_lookup(tmp_path: Path) -> None:
+    import gc
+
+    from profiles.latency import ProfiledLatencyModel, attention_lookup
+
+    a = make_model(tmp_path, skew=SKEW)
+    b = ProfiledLatencyModel(a.bundle, TINY, 1)  # another replica of the same bundle
+    assert b._attention is a._attention
+    # The quirk switch selects a different blend: its own lookup.
+    c = ProfiledLatencyModel(a.bundle, TINY, 1, reference_quirks=False)
+    assert c._attention is not a._attention and c._attention.ragged_nd
+    for s in (shape([(24, 32)], [16, 64]), shape(decodes=[40, 72])):
+        assert a.iteration_ns(s) == b.iteration_ns(s)
+    assert a._attention._memo  # the pure-decode blend, built once for both
+    # Held weakly: once no model uses it, the next model over the table builds a fresh one.
+    table = a._tables.attention
+    del a, b
+    gc.collect()
+    fresh = attention_lookup(table, False)
+    assert fresh.table is table and fresh._memo == {}

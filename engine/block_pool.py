@@ -234,10 +234,15 @@ class BlockPool:
     # -- allocation ---------------------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
+        out: list[int] = []
+        self.append_new_blocks(out, n)
+        return out
+
+    def append_new_blocks(self, out: list[int], n: int) -> None:
+        """:meth:`get_new_blocks` appending to ``out`` (a request's block table) directly."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
         sentinel = self.num_blocks
-        out = []
         for _ in range(n):
             b = self._next[sentinel]
             self._unlink(b)
@@ -246,7 +251,6 @@ class BlockPool:
             self._ref[b] = 1
             out.append(b)
         self.num_free -= n
-        return out
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""

@@ -207,7 +207,7 @@ class KVCacheManager:
                 if k > 0:
                     if k > self.pool.num_free:
                         return False
-                    blocks.extend(self.pool.get_new_blocks(k))
+                    self.pool.append_new_blocks(blocks, k)
                 if self.enable_caching:
                     upto = need_slots if need_slots < req.num_tokens else req.num_tokens
                     if upto // self.block_size > req.kv_num_cached:
@@ -236,7 +236,7 @@ class KVCacheManager:
                 self.tiers.write_down(req.hashes(len(hb)), 0, len(hb))
         k = _cdiv(need_slots, self.block_size) - len(blocks)
         if k > 0:
-            blocks.extend(pool.get_new_blocks(k))
+            pool.append_new_blocks(blocks, k)
         if self.enable_caching:
             self.cache_blocks(req, min(total_computed + num_new_tokens, req.num_tokens))
         self._set_thresholds(req, blocks)

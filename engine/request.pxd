@@ -3,9 +3,18 @@ cimport cython
 
 cdef unsigned long long _M64, _MUL, _FMIX1, _FMIX2
 
+cdef inline unsigned long long _mix(unsigned long long h, long long token)
+
+cdef inline unsigned long long _finalise(unsigned long long h)
+
 @cython.locals(h="unsigned long long", i=Py_ssize_t)
 cdef unsigned long long _hash_block(unsigned long long parent, const long long[::1] ids,
                                     Py_ssize_t start, Py_ssize_t n)
+
+@cython.locals(k=Py_ssize_t, pos=Py_ssize_t, h="unsigned long long")
+cpdef _hash_range_blocks(unsigned long long parent, Py_ssize_t first, Py_ssize_t end,
+                         Py_ssize_t block_size, Py_ssize_t prompt_len, long long p_start,
+                         long long p_step, long long o_start, long long o_step, list out)
 
 @cython.locals(i=Py_ssize_t)
 cdef void _fill_range(long long[::1] out, long long start, long long step)
@@ -50,5 +59,5 @@ cdef class Request:
     cdef public long long tok_next
     cdef public tuple tok_open
     cdef public list tok_runs
-    @cython.locals(h=list, n=Py_ssize_t)
+    @cython.locals(h=list, n=Py_ssize_t, parent="unsigned long long")
     cpdef list hashes(self, Py_ssize_t num_blocks)

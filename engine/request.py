@@ -75,20 +75,29 @@ _FMIX1 = 0xFF51AFD7ED558CCD  # MurmurHash3's 64-bit finaliser constants
 _FMIX2 = 0xC4CEB9FE1A85EC53
 
 
-def _hash_block(parent: int, ids: array, start: int, n: int) -> int:
-    """The chained hash of the block ``ids[start : start + n]`` under ``parent``: each id
-    xor-ed in, multiplied by an odd constant and folded, then MurmurHash3's finaliser. Equal
-    for equal (parent, block) pairs."""
-    h = parent
-    for i in range(start, start + n):
-        h = ((h ^ (ids[i] & _M64)) * _MUL) & _M64
-        h ^= h >> 29
+def _mix(h: int, token: int) -> int:
+    """One id folded into a block's running hash: xor-ed in, multiplied by an odd constant
+    and folded."""
+    h = ((h ^ (token & _M64)) * _MUL) & _M64
+    return h ^ (h >> 29)
+
+
+def _finalise(h: int) -> int:
+    """MurmurHash3's 64-bit finaliser: a block's hash once its last id is folded in."""
     h ^= h >> 33
     h = (h * _FMIX1) & _M64
     h ^= h >> 33
     h = (h * _FMIX2) & _M64
-    h ^= h >> 33
-    return h
+    return h ^ (h >> 33)
+
+
+def _hash_block(parent: int, ids: array, start: int, n: int) -> int:
+    """The chained hash of the block ``ids[start : start + n]`` under ``parent``
+    (:func:`_mix` per id, then :func:`_finalise`). Equal for equal (parent, block) pairs."""
+    h = parent
+    for i in range(start, start + n):
+        h = _mix(h, ids[i])
+    return _finalise(h)
 
 
 def _hash_blocks(parent: int, ids: array, first: int, end: int, block_size: int,
@@ -102,6 +111,24 @@ def _hash_blocks(parent: int, ids: array, first: int, end: int, block_size: int,
     """
     for k in range(first, end):
         parent = _hash_block(parent, ids, k * block_size, block_size)
+        out.append(parent)
+
+
+def _hash_range_blocks(parent: int, first: int, end: int, block_size: int, prompt_len: int,
+                       p_start: int, p_step: int, o_start: int, o_step: int,
+                       out: list[int]) -> None:
+    """:func:`_hash_blocks` of a sequence whose prompt and outputs are both ``range``s
+    (``prompt_len`` ids from ``p_start`` by ``p_step``, then outputs from ``o_start`` by
+    ``o_step``: placeholder prompts and generated outputs), each id computed where it is
+    folded in, so the sequence is never laid out as an array. The same hashes."""
+    for k in range(first, end):
+        h = parent
+        for pos in range(k * block_size, (k + 1) * block_size):
+            if pos < prompt_len:
+                h = _mix(h, p_start + pos * p_step)
+            else:
+                h = _mix(h, o_start + (pos - prompt_len) * o_step)
+        parent = _finalise(h)
         out.append(parent)
 
 
@@ -261,11 +288,17 @@ class Request:
             h = self._block_hashes = []
         n = len(h)
         if n < num_blocks:
+            parent = h[n - 1] if n else NONE_HASH
+            p, o = self.prompt_ids, self.output_ids
+            if self._ids is None and type(p) is range and type(o) is range:
+                _hash_range_blocks(parent, n, num_blocks, self.block_size, self.prompt_len,
+                                   p.start, p.step, o.start, o.step, h)
+                return h
             if self._ids is None:  # the whole sequence once, as int64, while the request lives
-                ids = _int64_array(self.prompt_ids)
-                ids.extend(_int64_array(self.output_ids))
+                ids = _int64_array(p)
+                ids.extend(_int64_array(o))
                 self._ids = ids
-            _hash_blocks(h[n - 1] if n else NONE_HASH, self._ids, n, num_blocks, self.block_size, h)
+            _hash_blocks(parent, self._ids, n, num_blocks, self.block_size, h)
         return h
 
     @property

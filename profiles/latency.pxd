@@ -58,10 +58,13 @@ cdef class _AttentionLookup:
     cdef dict _nearest
     cdef dict _rows
     cdef public dict _memo
+    cdef public dict _pc_memo
     cdef object __weakref__
     cpdef _KvFn kv_fn(self, long long pc, long long kp, long long nd)
     @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, f0=_KvFn)
     cpdef _KvFn _blend(self, long long pc, long long kp, long long nd)
+    @cython.locals(key="long long", fn=_KvFn)
+    cpdef _KvFn _at_pc_cached(self, long long p, long long nd, long long kp)
     @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, c0=_KvFn, nd_axis=tuple)
     cpdef _KvFn _at_pc(self, long long p, long long nd, long long kp)
     @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, rows=tuple)

@@ -290,7 +290,7 @@ class _AttentionLookup:
     fallbacks and blend terms)."""
 
     __slots__ = ("table", "ragged_nd", "_pc_axis", "_nd_axis", "_slices", "_nd_by_pc",
-                 "_nearest", "_rows", "_memo", "__weakref__")
+                 "_nearest", "_rows", "_memo", "_pc_memo", "__weakref__")
 
     def __init__(self, table: AttentionTable, ragged_nd: bool) -> None:
         self.table = table
@@ -305,6 +305,10 @@ class _AttentionLookup:
         # distinct ones, while its mixed batches almost never repeat (pc, kp, nd), so those
         # are built per call.
         self._memo: dict[int, _KvFn] = {}
+        # (profiled prefill chunk, n_decode) -> that pc slice's blend without prefill KV: a
+        # mixed batch's chunk is mostly a prompt's first (kp = 0), and the bracketing grid
+        # chunks and n_decode repeat where (pc, kp, nd) does not.
+        self._pc_memo: dict[int, _KvFn] = {}
 
     def _nearest_pair(self, p: int, n: int) -> tuple[int, int] | None:
         key = (p, n)
@@ -334,10 +338,21 @@ class _AttentionLookup:
     def _blend(self, pc: int, kp: int, nd: int) -> _KvFn:
         axis = self._pc_axis
         lo, hi, t = locate(axis, pc)
-        f0 = self._at_pc(axis[lo], nd, kp)
+        f0 = self._at_pc_cached(axis[lo], nd, kp)
         if lo == hi:
             return f0
-        return _Lerp(f0, self._at_pc(axis[hi], nd, kp), t)
+        return _Lerp(f0, self._at_pc_cached(axis[hi], nd, kp), t)
+
+    def _at_pc_cached(self, p: int, nd: int, kp: int) -> _KvFn:
+        """:meth:`_at_pc`, memoised when ``kp`` is 0 (and n_decode below 2**24, the key's
+        field)."""
+        if kp or nd >> 24:
+            return self._at_pc(p, nd, kp)
+        key = (p << 24) | nd
+        fn = self._pc_memo.get(key)
+        if fn is None:
+            fn = self._pc_memo[key] = self._at_pc(p, nd, 0)
+        return fn
 
     def _at_pc(self, p: int, nd: int, kp: int) -> _KvFn:
         nd_axis = self._nd_by_pc[p] if self.ragged_nd else self._nd_axis
@@ -708,3 +723,4 @@ class ProfiledLatencyModel:
         self._moe_cache.clear()
         self._seq_cache.clear()
         self._attention._memo.clear()
+        self._attention._pc_memo.clear()

@@ -30,6 +30,22 @@ def test_hashes_depend_on_the_id_values_only() -> None:
     assert other[:2] == hashes[0][:2] and all(a != b for a, b in zip(other[2:], hashes[0][2:], strict=True))
 
 
+@settings(max_examples=200, deadline=None)
+@given(start=st.integers(-(1 << 41), 1 << 41), step=st.sampled_from([1, 2, -1, -3]),
+       prompt_len=st.integers(0, 70), out_len=st.integers(1, 60), index=st.integers(0, 10**6))
+def test_range_sequences_hash_as_their_ids(start, step, prompt_len, out_len, index) -> None:
+    """A prompt and outputs that are both ranges are hashed without laying them out: the
+    same hashes as the ids written out."""
+    prompt = range(start, start + prompt_len * step, step)
+    r = _req(prompt, out_len=out_len, index=index)
+    assert type(r.output_ids) is range
+    r.num_tokens = prompt_len + out_len
+    ids = list(prompt) + list(r.output_ids)
+    assert r.block_hashes == chained_block_hashes(ids, 16)
+    assert r.block_hashes == _req(tuple(prompt), out_len, tuple(r.output_ids), index).hashes(
+        len(ids) // 16)
+
+
 def test_block_hashes_cover_the_reached_tokens_and_outputs() -> None:
     r = _req(range(0, 40), out_len=30, index=3)
     assert len(r.block_hashes) == 2  # 40 prompt tokens: two full blocks

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from engine.deployment import KvTransfer
 from engine.frontend import ApiServer
-from engine.instance import EngineUnit, Member
+from engine.instance import EngineUnit, Member, least_loaded
 from engine.request import Request, RequestStatus
 from engine.specs import ConfigError
 
@@ -52,18 +52,13 @@ class Router:
         self.rng = random.Random(seed)
         self.counters: dict[str, int] = {}
 
-    def _least_loaded(self, side: str, candidates: Sequence[Member]) -> int:
-        n = len(candidates)
-        start = self.counters.get(side, 0) % n
-        best, best_score = start, None
-        for off in range(n):
-            i = (start + off) % n
-            score = candidates[i].load()
-            if best_score is None or score < best_score:
-                best, best_score = i, score
-        return best
+    def _least_loaded(self, side: str, candidates: Sequence[Member], now_ns: int) -> int:
+        return least_loaded(candidates, self.counters.get(side, 0) % len(candidates), now_ns)
 
-    def pick(self, side: str, candidates: Sequence[Member], req: Request) -> Member:
+    def pick(self, side: str, candidates: Sequence[Member], req: Request,
+             now_ns: int = -1) -> Member:
+        """The member of ``candidates`` that gets ``req``, sent at ``now_ns`` (the time the
+        loads are read at: see :meth:`engine.instance.Member.load`)."""
         n = len(candidates)
         if n == 1:
             return candidates[0]
@@ -72,15 +67,15 @@ class Router:
         elif self.policy == "random":
             idx = self.rng.randrange(n)
         elif self.policy == "least_loaded":
-            idx = self._least_loaded(side, candidates)
+            idx = self._least_loaded(side, candidates, now_ns)
         else:  # prefix_aware
             hits = [_prefix_hit_tokens(m, req) for m in candidates]
             top = max(hits)
             if top == 0:
-                idx = self._least_loaded(side, candidates)
+                idx = self._least_loaded(side, candidates, now_ns)
             else:
                 best = [i for i, h in enumerate(hits) if h == top]
-                idx = min(best, key=lambda i: (candidates[i].load(), i))
+                idx = min(best, key=lambda i: (candidates[i].load(now_ns), i))
         self.counters[side] = idx + 1
         return candidates[idx]
 
@@ -182,6 +177,12 @@ def run_cluster(
     fed = [0] * len(members)
     handoffs: list[tuple[int, int, int, Request]] = []  # (engine arrival, seq, member, req)
     u_poll = [u.poll for u in units]
+    # Sends may pass a unit's decode span (EngineUnit.poll's defer_ns) when a send reads no
+    # more of a unit than its load, and nothing else but sends reaches a unit: several
+    # front instances, a router that reads loads at most (prefix_aware reads the caches), no
+    # API servers, no P/D hand-offs. A send that reaches a unit holding a span interrupts it.
+    defer = (len(front) > 1 and router.policy != "prefix_aware" and not decode
+             and all(fe is None for fe in servers))
 
     # The event loop's own cost must not grow with the number of units: busy units wait in a
     # heap by wake time, units with new work are listed as they get it, API servers are
@@ -231,11 +232,14 @@ def run_cluster(
             req = upcoming
             n += 1
             upcoming = next(arrivals, None)
-            m = router.pick("front", front, req)
+            m = router.pick("front", front, req, t)
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
                 req.max_tokens = 1
             ui = unit_of_member[member_index[id(m)]]
+            if defer and units[ui].deferred is not None:
+                w = wake[ui] = units[ui].interrupt(t)
+                heapq.heappush(wake_heap, (w, ui))
             fe = servers[ui]
             if fe is not None:
                 fe.submit(req.arrival_ns, req.prompt_len, req, m)
@@ -295,7 +299,7 @@ def run_cluster(
                 pending = fe.next_request_arrival()
                 if pending is not None and pending < h:
                     h = pending
-            w = wake[i] = u_poll[i](t, h)
+            w = wake[i] = u_poll[i](t, h, _NO_EVENT) if defer else u_poll[i](t, h)
             if w is not None:
                 heapq.heappush(wake_heap, (w, i))
             if fe is not None:

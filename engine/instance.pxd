@@ -2,6 +2,7 @@ cimport cython
 from engine.scheduler cimport Scheduler
 
 cdef long long _MAX_CHUNK
+cdef long long _DEFER_STEPS
 
 cdef class StepLog:
     cdef public object end_ns
@@ -10,6 +11,18 @@ cdef class StepLog:
     cdef public object usage
     cdef public object prompt_tokens
     cdef public object gen_tokens
+
+cdef class SpanPlan:
+    cdef public object span
+    cdef public list times
+    cdef public list ends
+    cdef public long long first_prompt_tokens
+    cdef public object finish_at_c
+    cdef public long long wake
+    cdef Py_ssize_t _k
+    cdef Py_ssize_t _done
+    @cython.locals(times=list, k=Py_ssize_t, d=Py_ssize_t, fins=object)
+    cpdef long long finished_before(self, long long now_ns)
 
 cdef class EngineUnit:
     cdef public list members
@@ -25,15 +38,32 @@ cdef class EngineUnit:
     cdef public object waiting_for
     cdef public long long _span_step_ns
     cdef public bint fast_forward
+    cdef public object deferred
+    cdef public long long num_deferred
+    cdef public long long num_interrupted
 
     cpdef long long _overhead(self, long long t_gpu)
     cpdef _complete_oldest(self)
-    @cython.locals(sched=Scheduler, span_ok=bint)
-    cpdef poll(self, long long t, object horizon_ns=*)
-    @cython.locals(sched=Scheduler, times=list, ends=list, gpus=list, queue=list, gpu="long long", durs=list,
-                   last="long long", chunk="long long", i="long long", it="long long", start="long long",
-                   nxt="long long", ops="long long", n_s="long long", n_c="long long",
-                   tlog=object, waiting="long long", c="long long", tc="long long", log=StepLog,
-                   seg_end="long long", seg_start="long long", k="long long", first="long long",
-                   j=Py_ssize_t, done=list, prompt=list)
+    @cython.locals(sched=Scheduler, span_ok=bint, reach=object)
+    cpdef poll(self, long long t, object horizon_ns=*, object defer_ns=*)
     cpdef _decode_span(self, long long t, long long horizon)
+    @cython.locals(sched=Scheduler, times=list, ends=list, queue=list, gpu="long long", durs=list,
+                   last="long long", chunk="long long", i="long long", it="long long", start="long long",
+                   nxt="long long", seg_end="long long", seg_start="long long", k="long long")
+    cpdef _plan_span(self, long long t, long long horizon)
+    @cython.locals(sched=Scheduler, times=list, ends=list, ops="long long", n_s="long long",
+                   n_c="long long", tlog=object, waiting="long long", c="long long", log=StepLog,
+                   first="long long", j=Py_ssize_t, done=list, prompt=list)
+    cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
+    @cython.locals(sched=Scheduler, lim_c="long long", ops="long long", lim_ops="long long",
+                   n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list)
+    cpdef bint _hold(self, SpanPlan plan)
+    cpdef interrupt(self, long long t)
+
+@cython.locals(bs="long long", running=list, c0="long long[::1]", stop="long long[::1]",
+               need="long long", p=Py_ssize_t, i="long long", extra="long long")
+cpdef bint _blocks_serve(Scheduler sched, span, long long n_s)
+
+@cython.locals(n=Py_ssize_t, best=Py_ssize_t, best_score=double, off=Py_ssize_t, i=Py_ssize_t,
+               score=double)
+cpdef Py_ssize_t least_loaded(candidates, Py_ssize_t start, long long now_ns)

@@ -32,11 +32,23 @@ step, the same KV calls (frees included) in the same order, each finish reported
 The caller bounds the span with ``horizon_ns``, the earliest time anything
 outside the unit may reach or read it; without it (or with ``fast_forward`` off, or a DP
 group, pipeline parallelism, lower KV tiers, a P/D decode queue) every step is simulated.
+
+Deferred spans: behind a router that reads no more of an instance than its load (several
+replicas, no API servers, no P/D), every send would otherwise bound every unit's span, though
+it reaches one unit. There the caller passes ``defer_ns`` too, and the unit plans its span up
+to about ``_DEFER_STEPS`` steps past the next send and holds it unrun (:class:`SpanPlan`):
+when its free blocks serve every block boundary the span crosses, which operations the span
+runs, which requests finish at which completion and when the unit next needs attention are
+known before it runs. The router reads the load at the send from the plan
+(:meth:`Member.load`); a send that reaches the unit first calls :meth:`EngineUnit.interrupt`,
+which runs the operations before the send, as a span bounded by it would. Any horizon gives
+the step-by-step result, so this one does too (``tests/engine/test_fast_forward.py``).
 """
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,10 +57,14 @@ from engine.batch import BatchShape, LatencyModel, decode_advanced
 from engine.deployment import DpPad
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.scheduler import ScheduledStep, Scheduler
+from engine.scheduler import DecodeSpan, ScheduledStep, Scheduler
 
 FAST_FORWARD = True  # the default of EngineUnit.fast_forward
 _MAX_CHUNK = 1 << 20  # decode-span steps priced at once, at most (C ints: no doubling overflow)
+# A deferred span (EngineUnit.poll's defer_ns) is planned about this many steps ahead; a send
+# that reaches the unit first makes the rest of the plan wasted pricing, a shorter plan costs
+# a restart (steady_decode and the bulk advance, passes over the running requests).
+_DEFER_STEPS = 24
 
 
 class StepLog:
@@ -78,15 +94,79 @@ class Member:
     # P/D decode side: requests whose KV has arrived, waiting for a slot.
     arrived_kv: deque[Request] = field(default_factory=deque)
     num_steps: int = 0
+    # A decode span its unit planned but has not run yet (EngineUnit.poll's ``defer_ns``).
+    deferred: SpanPlan | None = None
 
     @property
     def kv(self) -> KVCacheManager:
         return self.scheduler.kv
 
-    def load(self) -> float:
-        """vLLM-router-style load score: (4·waiting + running) / max_num_seqs."""
+    def load(self, now_ns: int = -1) -> float:
+        """vLLM-router-style load score: (4·waiting + running) / max_num_seqs, at ``now_ns``
+        (what the instance holds after its operations before then: a deferred span's finishes
+        count once their completion is before ``now_ns``)."""
         s = self.scheduler
-        return (4 * (len(s.waiting) + len(self.arrived_kv)) + len(s.running)) / s.max_num_seqs
+        running = len(s.running)
+        if self.deferred is not None:
+            running -= self.deferred.finished_before(now_ns)
+        return (4 * (len(s.waiting) + len(self.arrived_kv)) + running) / s.max_num_seqs
+
+
+def least_loaded(candidates: Sequence[Member], start: int, now_ns: int) -> int:
+    """The first candidate with the lowest :meth:`Member.load` at ``now_ns``, scanning from
+    position ``start`` (the least-loaded router's rule, ``engine.cluster.Router``; here so
+    that the scan, once per send over every instance, runs compiled)."""
+    n = len(candidates)
+    best = start
+    best_score = candidates[start].load(now_ns)
+    for off in range(1, n):
+        i = start + off
+        if i >= n:
+            i -= n
+        score = candidates[i].load(now_ns)
+        if score < best_score:
+            best = i
+            best_score = score
+    return best
+
+
+class SpanPlan:
+    """A steady decode span planned by :meth:`EngineUnit._plan_span` and not yet run: its
+    schedule and completion times (``times[i]``: when C_i and S_i happen), each schedule's
+    end, and what the caller needs before it runs: the completions ending requests (for
+    :meth:`finished_before`) and when the unit next needs attention if it runs whole."""
+
+    __slots__ = ("span", "times", "ends", "first_prompt_tokens", "finish_at_c", "wake",
+                 "_k", "_done")
+
+    def __init__(self, span: DecodeSpan, times: list[int], ends: list[int],
+                 first_prompt_tokens: int) -> None:
+        self.span = span
+        self.times = times
+        self.ends = ends
+        self.first_prompt_tokens = first_prompt_tokens
+        self.finish_at_c: array = array("q")  # sorted: the completion each finisher ends at
+        self.wake = 0
+        self._k = 0  # completions before the last time asked (times[1 .. _k] < it)
+        self._done = 0  # finishes at those completions
+
+    def finished_before(self, now_ns: int) -> int:
+        """Requests of the span that finish at a completion before ``now_ns`` (C_1 .. C_k
+        with ``times[k] < now_ns``). The router asks at non-decreasing times, so both counts
+        only move forward (a cursor each; an earlier time restarts them)."""
+        times = self.times
+        if self._k and times[self._k] >= now_ns:
+            self._k = self._done = 0
+        k = self._k
+        while k + 1 < len(times) and times[k + 1] < now_ns:
+            k += 1
+        self._k = k
+        fins = self.finish_at_c
+        d = self._done
+        while d < len(fins) and fins[d] <= k:
+            d += 1
+        self._done = d
+        return d
 
 
 class EngineUnit:
@@ -118,6 +198,9 @@ class EngineUnit:
         self.num_finished = 0
         self.waiting_for: int | None = None
         self._span_step_ns = 0  # the first step's latency in the last decode span
+        self.deferred: SpanPlan | None = None  # a span planned and held unrun (see poll)
+        self.num_deferred = 0  # spans held unrun, and how many of them a send interrupted
+        self.num_interrupted = 0
 
     # -- helpers ---------------------------------------------------------------------------
     def _admit_arrived_kv(self, m: Member) -> None:
@@ -189,13 +272,32 @@ class EngineUnit:
                     self.on_finished(m, req, end)
             self._record(m, step, end)
 
-    def poll(self, t: int, horizon_ns: int | None = None) -> int | None:
+    def poll(self, t: int, horizon_ns: int | None = None,
+             defer_ns: int | None = None) -> int | None:
         """Do everything this engine does at time ``t`` and return when it next needs
         attention (the end of the in-flight step it waits for), or None when it is idle.
 
         Call it when an idle engine receives work, and at the time it returned.
         ``horizon_ns``: no request, KV hand-off or reader reaches this unit before that time,
-        so steady decode steps scheduled before it may run in bulk (None: step by step)."""
+        so steady decode steps scheduled before it may run in bulk (None: step by step).
+        ``defer_ns`` (beyond ``horizon_ns``): nothing but sends reaches the unit before it,
+        and a send reads only the unit's load (:meth:`Member.load`) unless the caller first
+        calls :meth:`interrupt`. A span may then be planned past the next send and held unrun
+        (:attr:`deferred`): a send the router gives to another unit leaves it whole, one that
+        reaches this unit runs only its operations before the send (any horizon gives the
+        step-by-step result, so the same)."""
+        plan = self.deferred
+        if plan is not None:
+            if t < plan.wake:
+                return plan.wake
+            self.deferred = None
+            self.members[0].deferred = None
+            done = self._run_span(plan, len(plan.times))
+            assert done is not None
+            if done[1]:
+                self.waiting_for = self.inflight[0][1]
+            else:
+                t = done[0]
         if self.waiting_for is not None:
             if t < self.waiting_for:
                 return self.waiting_for
@@ -211,12 +313,31 @@ class EngineUnit:
             and members[0].scheduler.kv.tiers is None
         )
         while True:
+            # How far a span may be planned: past the sends up to defer_ns when held unrun,
+            # about _DEFER_STEPS steps of the last span (the part a send interrupts is priced
+            # for nothing).
+            reach = horizon_ns
+            if span_ok and defer_ns is not None and self._span_step_ns:
+                reach = t + _DEFER_STEPS * self._span_step_ns
+                if reach > defer_ns:
+                    reach = defer_ns
+                if reach < horizon_ns:  # type: ignore[operator]
+                    reach = horizon_ns
             # A span whose next completion comes at or after the horizon would be one schedule
             # (S_0) only: an ordinary schedule is the same and cheaper.
             if (span_ok and t < horizon_ns  # type: ignore[operator]
-                    and not (inflight and inflight[0][1] >= horizon_ns)
+                    and not (inflight and inflight[0][1] >= reach)
                     and not members[0].arrived_kv):
-                done = self._decode_span(t, horizon_ns)  # type: ignore[arg-type]
+                if reach == horizon_ns:
+                    done = self._decode_span(t, horizon_ns)  # type: ignore[arg-type]
+                else:
+                    done = None
+                    plan = self._plan_span(t, reach)  # type: ignore[arg-type]
+                    if plan is not None:
+                        if self._hold(plan):
+                            return plan.wake
+                        # Run now, bounded by the next send as _decode_span(t, horizon_ns).
+                        done = self._run_span(plan, bisect_left(plan.times, horizon_ns))
                 if done is not None:
                     t, full = done
                     if full:  # the span's last operation was a schedule: wait for a step
@@ -257,6 +378,13 @@ class EngineUnit:
         None when no span starts here. The operations are those of the polls at the span's
         step boundaries T_0 = t < T_1 < ... < horizon: at T_i the oldest step completes (i >= 1)
         and the next is scheduled."""
+        plan = self._plan_span(t, horizon)
+        if plan is None:
+            return None
+        return self._run_span(plan, len(plan.times))
+
+    def _plan_span(self, t: int, horizon: int) -> SpanPlan | None:
+        """The times of the span that starts at ``t``, up to ``horizon`` (nothing run yet)."""
         m = self.members[0]
         sched = m.scheduler
         inflight = self.inflight
@@ -266,10 +394,9 @@ class EngineUnit:
         first_prompt_tokens = inflight[0][0][0].prompt_tokens if inflight else 0
         lat = m.latency
         # times[i] = T_i, the poll at which S_i (and C_i, i >= 1) happen, while before the
-        # horizon; ends[i] / gpus[i]: S_i's end and when the GPU is free after it.
+        # horizon; ends[i]: S_i's end, when the GPU is free after it (pp = 1).
         times = [t]
         ends: list[int] = []
-        gpus: list[int] = []
         queue = [e for _, e in inflight]  # in-flight step ends, oldest first
         gpu = self.gpu_free_at
         durs: list[int] = []
@@ -299,8 +426,7 @@ class EngineUnit:
             it = durs[i]
             start = times[i] if times[i] > gpu else gpu
             gpu = start + it + self._overhead(it)
-            ends.append(gpu)  # pp = 1: the step ends when the GPU is free again
-            gpus.append(gpu)
+            ends.append(gpu)
             queue.append(gpu)
             nxt = queue.pop(0)  # C_{i+1}: the oldest step in flight completes
             if i == last or nxt >= horizon:
@@ -308,13 +434,22 @@ class EngineUnit:
             times.append(nxt)
             i += 1
         self._span_step_ns = max(durs[0], 1)
-        out = sched.decode_span(span, times)
+        return SpanPlan(span, times, ends, first_prompt_tokens)
+
+    def _run_span(self, plan: SpanPlan, n_times: int) -> tuple[int, bool] | None:
+        """Run ``plan``'s operations at its first ``n_times`` times (see :meth:`_decode_span`)."""
+        m = self.members[0]
+        sched = m.scheduler
+        inflight = self.inflight
+        times = plan.times if n_times == len(plan.times) else plan.times[:n_times]
+        ends = plan.ends
+        out = sched.decode_span(plan.span, times)
         ops = out.ops
         if ops == 0:
             return None
         n_s = (ops + 1) // 2  # schedules S_0 .. S_{n_s - 1}
         n_c = ops // 2  # completions C_1 .. C_{n_c}
-        self.gpu_free_at = gpus[n_s - 1]
+        self.gpu_free_at = ends[n_s - 1]
         m.num_steps += n_s
         # Completed steps are only logged (as _complete_oldest / _record would log them).
         log = m.log
@@ -330,7 +465,7 @@ class EngineUnit:
             # C_1 completes the step in flight before the span (its prefill chunks, if any,
             # ended their prompts); every later one, a span step of decodes only.
             prompt = [0] * n_c
-            prompt[0] = first_prompt_tokens
+            prompt[0] = plan.first_prompt_tokens
             log.prompt_tokens.extend(prompt)
             log.gen_tokens.extend(out.gen)
         for c, req in out.finished:  # as _complete_oldest reports them
@@ -346,6 +481,57 @@ class EngineUnit:
             inflight.append(([step], ends[first + j]))
         return times[n_c], ops % 2 == 1
 
+    # -- deferred spans ------------------------------------------------------------------
+    def _hold(self, plan: SpanPlan) -> bool:
+        """Hold ``plan`` unrun (see :meth:`poll`'s ``defer_ns``) if the operations it runs
+        whole are known now: with enough free blocks for every block boundary it crosses,
+        :meth:`engine.scheduler.Scheduler.decode_span` stops only at the span's limit or past
+        its times. Sets the plan's finishes (for :meth:`Member.load`) and its wake: when the
+        unit next needs attention if nothing reaches it first."""
+        m = self.members[0]
+        sched = m.scheduler
+        span = plan.span
+        lim_c = span.max_completions
+        ops = 2 * len(plan.times) - 1
+        lim_ops = 2 * lim_c if sched.async_scheduling else 2 * lim_c + 1
+        if lim_ops < ops:
+            ops = lim_ops
+        n_s = (ops + 1) // 2
+        n_c = ops // 2
+        if not _blocks_serve(sched, span, n_s):
+            return False
+        fins = []
+        for p in range(len(span.fin)):
+            if span.fin[p] < n_c * 2:  # its final completion C_room is one of the plan's
+                fins.append(span.room[p])
+        fins.sort()
+        plan.finish_at_c = array("q", fins)
+        if ops % 2 == 1:  # ends with a schedule: then the oldest step in flight completes
+            all_ends = [e for _, e in self.inflight]
+            all_ends.extend(plan.ends[:n_s])
+            plan.wake = all_ends[n_c]
+        else:  # ends with a completion (async, at the span's limit): the next schedule is due
+            plan.wake = plan.times[n_c]
+        self.deferred = plan
+        m.deferred = plan
+        self.num_deferred += 1
+        return True
+
+    def interrupt(self, t: int) -> int | None:
+        """A send reaches this unit at ``t`` while a deferred span is held: run the span's
+        operations before ``t`` (as a span bounded by ``t`` would) and return when the unit
+        next needs attention (the oldest step in flight then)."""
+        plan = self.deferred
+        if plan is None:
+            return self.waiting_for
+        self.deferred = None
+        self.members[0].deferred = None
+        self.num_interrupted += 1
+        done = self._run_span(plan, bisect_left(plan.times, t))
+        assert done is not None and done[1], "an interrupted span ends with a schedule"
+        self.waiting_for = self.inflight[0][1]
+        return self.waiting_for
+
     def _can_schedule(self) -> bool:
         return any(m.scheduler.has_requests() or m.arrived_kv for m in self.members)
 
@@ -356,6 +542,27 @@ class EngineUnit:
             if m.arrived_kv:
                 return m, m.arrived_kv[0]
         return None
+
+
+def _blocks_serve(sched: Scheduler, span: DecodeSpan, n_s: int) -> bool:
+    """Whether the free blocks serve every block boundary the span's schedules S_0 ..
+    S_{n_s - 1} cross: the blocks each request needs beyond the slots it holds for its last
+    of them (S_i needs ``c0 + i + 1`` slots), summed, are free now (a finish inside the span
+    only frees more)."""
+    bs = sched.kv.block_size
+    running = sched.running
+    c0, stop = span.c0, span.stop
+    need = 0
+    for p in range(len(c0)):
+        i = stop[p]
+        if i > n_s - 1:
+            i = n_s - 1
+        if i < 0:
+            continue
+        extra = c0[p] + i + 1 - running[p].kv_slots
+        if extra > 0:
+            need += (extra + bs - 1) // bs
+    return need <= sched.kv.pool.num_free
 
 
 def _decode_latencies(lat: LatencyModel, shape: BatchShape, first: int, k: int) -> list[int]:

@@ -96,11 +96,13 @@ def _assert_same(a, b, ua, ub) -> None:
             assert pa.num_evictions == pb.num_evictions
 
 
-SPANS = {"steps": 0, "with_queue": 0}
+SPANS = {"steps": 0, "with_queue": 0, "deferred": 0, "interrupted": 0}
 
 
 def _count_spans(units) -> None:
     for u in units:
+        SPANS["deferred"] += u.num_deferred
+        SPANS["interrupted"] += u.num_interrupted
         for m in u.members:
             SPANS["steps"] += m.scheduler.span_steps
             SPANS["with_queue"] += m.scheduler.span_steps_queued
@@ -155,6 +157,8 @@ def test_decode_spans_ran_in_the_property_test():
     if not SPANS["steps"]:
         pytest.skip("runs only after the property test in the same session")
     assert SPANS["steps"] > 1000, SPANS
+    # Spans held past sends (several instances behind a router), whole and interrupted.
+    assert SPANS["deferred"] >= SPANS["interrupted"] > 0, SPANS
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -188,3 +192,30 @@ def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, asyn
     assert SPANS["steps"] > slow.num_steps // 4, (SPANS, slow.num_steps)
     if max_num_seqs == 8:  # spans ran while requests waited for a seat
         assert SPANS["with_queue"] > 0, SPANS
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "round_robin", "random"])
+def test_replicas_hold_spans_past_sends(shared_data, monkeypatch, router):
+    """Eight replicas of the measured bundle behind a router: a unit plans its span past the
+    sends the router gives to others and holds it unrun; a send that reaches it runs only
+    the part before the send. The same result as step by step, and spans were held."""
+    from profiles.bundle import load_bundle
+    from profiles.latency import ProfiledLatencyModel
+
+    bundle = load_bundle(shared_data / "llmservingsim" / "profiles", "RTXPRO6000", MODEL.name)
+    cfg = EngineConfig(num_gpu_blocks_override=3000)
+    specs = [InstanceSpec(f"i{k}", MODEL, HW, cfg, ProfiledLatencyModel(bundle, MODEL, 1),
+                          kv_capacity(MODEL, HW, cfg)) for k in range(8)]
+    rng = random.Random(11)
+    reqs, t = [], 0
+    for i in range(400):
+        t += int(rng.expovariate(1.0) * 20_000_000)
+        prompt = tuple(range(100_000 * (i + 1), 100_000 * (i + 1) + rng.randint(20, 700)))
+        reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 300)))
+    kwargs = {"router": router}
+    slow, us = _run(specs, reqs, kwargs, False, monkeypatch)
+    fast, uf = _run(specs, reqs, kwargs, True, monkeypatch)
+    _assert_same(slow, fast, us, uf)
+    deferred = sum(u.num_deferred for u in uf)
+    interrupted = sum(u.num_interrupted for u in uf)
+    assert deferred > interrupted > 0, (deferred, interrupted)

@@ -118,14 +118,14 @@ class Watch:
         watch = self
 
         class CheckedUnit(EngineUnit):
-            def poll(self, t: int, horizon_ns: int | None = None):
+            def poll(self, t: int, horizon_ns: int | None = None, defer_ns: int | None = None):
                 for m in self.members:
                     watch.members[id(m)] = m
                     watch.roles[id(m.scheduler)] = m.role
                 prev = watch.last_t.get(id(self))
                 assert prev is None or t >= prev, f"clock went back: {prev} -> {t}"
                 watch.last_t[id(self)] = t
-                out = super().poll(t, horizon_ns)
+                out = super().poll(t, horizon_ns, defer_ns)
                 assert out is None or out >= t
                 watch.polls += 1
                 for m in self.members:

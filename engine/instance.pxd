@@ -64,6 +64,9 @@ cdef class EngineUnit:
                need="long long", p=Py_ssize_t, i="long long", extra="long long")
 cpdef bint _blocks_serve(Scheduler sched, span, long long n_s)
 
+@cython.locals(running="long long")
+cdef double _load_score(Scheduler sched, object arrived_kv, SpanPlan deferred, long long now_ns)
+
 @cython.locals(n=Py_ssize_t, best=Py_ssize_t, best_score=double, off=Py_ssize_t, i=Py_ssize_t,
-               score=double)
+               score=double, m=object)
 cpdef Py_ssize_t least_loaded(candidates, Py_ssize_t start, long long now_ns)

@@ -105,11 +105,16 @@ class Member:
         """vLLM-router-style load score: (4·waiting + running) / max_num_seqs, at ``now_ns``
         (what the instance holds after its operations before then: a deferred span's finishes
         count once their completion is before ``now_ns``)."""
-        s = self.scheduler
-        running = len(s.running)
-        if self.deferred is not None:
-            running -= self.deferred.finished_before(now_ns)
-        return (4 * (len(s.waiting) + len(self.arrived_kv)) + running) / s.max_num_seqs
+        return _load_score(self.scheduler, self.arrived_kv, self.deferred, now_ns)
+
+
+def _load_score(sched: Scheduler, arrived_kv: deque[Request], deferred: SpanPlan | None,
+                now_ns: int) -> float:
+    """:meth:`Member.load` (its one formula, which :func:`least_loaded` reads directly)."""
+    running = len(sched.running)
+    if deferred is not None:
+        running -= deferred.finished_before(now_ns)
+    return (4 * (len(sched.waiting) + len(arrived_kv)) + running) / sched.max_num_seqs
 
 
 def least_loaded(candidates: Sequence[Member], start: int, now_ns: int) -> int:
@@ -118,12 +123,14 @@ def least_loaded(candidates: Sequence[Member], start: int, now_ns: int) -> int:
     that the scan, once per send over every instance, runs compiled)."""
     n = len(candidates)
     best = start
-    best_score = candidates[start].load(now_ns)
+    m = candidates[start]
+    best_score = _load_score(m.scheduler, m.arrived_kv, m.deferred, now_ns)
     for off in range(1, n):
         i = start + off
         if i >= n:
             i -= n
-        score = candidates[i].load(now_ns)
+        m = candidates[i]
+        score = _load_score(m.scheduler, m.arrived_kv, m.deferred, now_ns)
         if score < best_score:
             best = i
             best_score = score

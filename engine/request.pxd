@@ -38,7 +38,6 @@ cdef class Request:
     cdef public object output_ids
     cdef public Py_ssize_t block_size
     cdef public list _block_hashes
-    cdef long long[::1] _ids
     cdef public long long num_tokens
     cdef public long long num_computed_tokens
     cdef public long long num_output_placeholders
@@ -59,5 +58,7 @@ cdef class Request:
     cdef public long long tok_next
     cdef public tuple tok_open
     cdef public list tok_runs
-    @cython.locals(h=list, n=Py_ssize_t, parent="unsigned long long")
+    @cython.locals(h=list)
     cpdef list hashes(self, Py_ssize_t num_blocks)
+    @cython.locals(bs=Py_ssize_t, total=Py_ssize_t, h=list)
+    cpdef list _sequence_hashes(self)

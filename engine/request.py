@@ -9,9 +9,11 @@ keeps no copy of them: the request refers to its spec's prompt ids and its outpu
 Block hashes are vLLM's chained block hashes (``kv_cache_utils.hash_block_tokens``: each
 full block hashed with its parent's hash) and, as vLLM's request block hasher does, only
 full blocks of the tokens reached so far get one (``Request.block_hashes``). They are
-computed on demand, block by block, the first time the KV manager, a tier or the router
-needs them (a hash depends on the block's tokens and its parent alone, so when it is
-computed does not change its value), and dropped when the request finishes.
+computed on demand, the first time the KV manager, a tier or the router needs one: every
+full block of the whole sequence at once, since its ids are known (a hash depends on the
+block's tokens and its parent alone, so when it is computed does not change its value; the
+KV manager then asks once per block boundary crossed, and each ask only reads the list), and
+dropped when the request finishes.
 
 Output token times are kept as runs of steps: each scheduler logs the time of every step
 it applies (:class:`TokenLog`), and a request records which contiguous runs of that log
@@ -182,7 +184,6 @@ class Request:
         "output_ids",
         "block_size",
         "_block_hashes",
-        "_ids",
         "num_tokens",
         "num_computed_tokens",
         "num_output_placeholders",
@@ -224,7 +225,6 @@ class Request:
         self.output_ids: Sequence[int] = out
         self.block_size = block_size
         self._block_hashes: list[int] | None = None
-        self._ids: array | None = None  # the ids as int64, built when first hashed
         self.num_tokens = self.prompt_len  # prompt + outputs accepted so far
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0  # async scheduling: scheduled, not yet returned
@@ -282,35 +282,40 @@ class Request:
     def hashes(self, num_blocks: int) -> list[int]:
         """The chained hashes of (at least) the first ``num_blocks`` full blocks; callers
         ask only for blocks the tokens reached so far fill (vLLM hashes a block once it is
-        full: ``Request.update_block_hashes``)."""
+        full: ``Request.update_block_hashes``). The first call hashes every full block of the
+        prompt and all the outputs (see the module docstring)."""
         h = self._block_hashes
-        if h is None:
-            h = self._block_hashes = []
-        n = len(h)
-        if n < num_blocks:
-            parent = h[n - 1] if n else NONE_HASH
-            p, o = self.prompt_ids, self.output_ids
-            if self._ids is None and type(p) is range and type(o) is range:
-                _hash_range_blocks(parent, n, num_blocks, self.block_size, self.prompt_len,
-                                   p.start, p.step, o.start, o.step, h)
-                return h
-            if self._ids is None:  # the whole sequence once, as int64, while the request lives
-                ids = _int64_array(p)
-                ids.extend(_int64_array(o))
-                self._ids = ids
-            _hash_blocks(parent, self._ids, n, num_blocks, self.block_size, h)
+        if h is None or len(h) < num_blocks:
+            h = self._block_hashes = self._sequence_hashes()
+        return h
+
+    def _sequence_hashes(self) -> list[int]:
+        """The chained hash of every full block of the prompt followed by every output (two
+        ranges are hashed without laying the ids out)."""
+        p, o = self.prompt_ids, self.output_ids
+        bs = self.block_size
+        total = (self.prompt_len + len(o)) // bs
+        h: list[int] = []
+        if type(p) is range and type(o) is range:
+            _hash_range_blocks(NONE_HASH, 0, total, bs, self.prompt_len,
+                               p.start, p.step, o.start, o.step, h)
+        else:
+            ids = _int64_array(p)
+            ids.extend(_int64_array(o))
+            _hash_blocks(NONE_HASH, ids, 0, total, bs, h)
         return h
 
     @property
     def block_hashes(self) -> list[int]:
         """vLLM ``Request.block_hashes``: one hash per full block of the tokens reached."""
-        return self.hashes(self.num_tokens // self.block_size)
+        n = self.num_tokens // self.block_size
+        h = self.hashes(n)
+        return h if len(h) == n else h[:n]
 
     def release(self) -> None:
-        """Drop what only a live request needs (its block hashes and int64 ids); they are
-        recomputed if asked for again."""
+        """Drop what only a live request needs (its block hashes); they are recomputed if
+        asked for again."""
         self._block_hashes = None
-        self._ids = None
 
     # -- output token times ---------------------------------------------------------------
     def open_run(self, log: TokenLog, step: int) -> None:

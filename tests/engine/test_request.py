@@ -22,12 +22,24 @@ def _req(prompt, out_len: int = 40, out_ids=None, index: int = 0) -> Request:
 def test_hashes_depend_on_the_id_values_only() -> None:
     ids = toks(1000, 100)
     forms = [tuple(ids), range(1000, 1100), array("q", ids), np.arange(1000, 1100)]
-    hashes = [_req(f).hashes(6) for f in forms]
+    hashes = [_req(f).hashes(6)[:6] for f in forms]
     assert all(h == hashes[0] for h in hashes) and len(hashes[0]) == 6
     assert hashes[0] == chained_block_hashes(ids, 16)
     # One changed id changes its block's hash and every later one, never an earlier one.
-    other = _req(tuple(ids[:40] + [7] + ids[41:])).hashes(6)
+    other = _req(tuple(ids[:40] + [7] + ids[41:])).hashes(6)[:6]
     assert other[:2] == hashes[0][:2] and all(a != b for a, b in zip(other[2:], hashes[0][2:], strict=True))
+
+
+def test_the_first_ask_hashes_the_whole_sequence() -> None:
+    """Every full block of the prompt and all the outputs at the first ask (its ids are
+    known), so a later ask, one per block boundary the request crosses, only reads them;
+    ``block_hashes`` still gives only the blocks the tokens reached fill."""
+    r = _req(range(0, 40), out_len=30, index=3)
+    full = list(range(0, 40)) + list(synthetic_output_ids(3, 30))
+    h = r.hashes(1)
+    assert h == chained_block_hashes(full, 16) and len(h) == 70 // 16
+    assert r.hashes(4) is h
+    assert r.block_hashes == h[:2]
 
 
 @settings(max_examples=200, deadline=None)

@@ -53,7 +53,7 @@ cdef class EngineUnit:
     cpdef _plan_span(self, long long t, long long horizon)
     @cython.locals(sched=Scheduler, times=list, ends=list, ops="long long", n_s="long long",
                    n_c="long long", tlog=object, waiting="long long", c="long long", log=StepLog,
-                   first="long long", j=Py_ssize_t, done=list, prompt=list)
+                   first="long long", j=Py_ssize_t, done=object, prompt=object)
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
     @cython.locals(sched=Scheduler, lim_c="long long", ops="long long", lim_ops="long long",
                    n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list)

@@ -462,16 +462,16 @@ class EngineUnit:
         log = m.log
         tlog = sched.token_log.times
         waiting = len(sched.waiting) + len(m.arrived_kv)
-        if n_c:  # (in bulk: one extend per column)
-            done = times[1 : n_c + 1]
+        if n_c:  # (in bulk: one extend per column; arrays where a column repeats a value)
+            done = array("q", times[1 : n_c + 1])
             tlog.extend(done)
             log.end_ns.extend(done)
             log.running.extend(out.running)
-            log.waiting.extend([waiting] * n_c)
+            log.waiting.extend(array("q", [waiting]) * n_c)
             log.usage.extend(out.usage)
             # C_1 completes the step in flight before the span (its prefill chunks, if any,
             # ended their prompts); every later one, a span step of decodes only.
-            prompt = [0] * n_c
+            prompt = array("q", [0]) * n_c
             prompt[0] = plan.first_prompt_tokens
             log.prompt_tokens.extend(prompt)
             log.gen_tokens.extend(out.gen)

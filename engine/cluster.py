@@ -31,6 +31,9 @@ from engine.request import Request, RequestStatus
 from engine.specs import ConfigError
 
 ROUTER_POLICIES = ("round_robin", "least_loaded", "random", "prefix_aware")
+# Policies that read no more of an instance than its load (Member.load): a unit may hold a
+# decode span past their sends (EngineUnit.poll's defer_ns). prefix_aware reads the caches.
+_LOAD_ONLY_POLICIES = ("round_robin", "least_loaded", "random")
 
 
 class Router:
@@ -181,7 +184,7 @@ def run_cluster(
     # more of a unit than its load, and nothing else but sends reaches a unit: several
     # front instances, a router that reads loads at most (prefix_aware reads the caches), no
     # API servers, no P/D hand-offs. A send that reaches a unit holding a span interrupts it.
-    defer = (len(front) > 1 and router.policy != "prefix_aware" and not decode
+    defer = (len(front) > 1 and router.policy in _LOAD_ONLY_POLICIES and not decode
              and all(fe is None for fe in servers))
 
     # The event loop's own cost must not grow with the number of units: busy units wait in a
@@ -189,7 +192,9 @@ def run_cluster(
     # visited when a job reaches them (a heap of their next arrivals; an entry may be stale:
     # visiting a server with nothing due is harmless).
     unit_of_member = [i for i, u in enumerate(units) for _ in u.members]  # as `members`
-    wake_heap: list[tuple[int, int]] = []  # (wake ns, unit): one entry per busy unit
+    # (wake ns, unit): an entry per busy unit's wake; an interrupted held span adds one for
+    # its earlier wake and leaves the old one, skipped when popped (wake[] says which holds).
+    wake_heap: list[tuple[int, int]] = []
     fresh: list[int] = []  # idle units that got work this round
     fe_due: list[tuple[int, int]] = []  # (next job arrival at its server, unit)
 

@@ -103,8 +103,9 @@ class Member:
 
     def load(self, now_ns: int = -1) -> float:
         """vLLM-router-style load score: (4·waiting + running) / max_num_seqs, at ``now_ns``
-        (what the instance holds after its operations before then: a deferred span's finishes
-        count once their completion is before ``now_ns``)."""
+        (what the instance holds after its operations before then: a held span's finishes
+        count once their completion is before ``now_ns``; the default -1 reads the state the
+        span was planned from)."""
         return _load_score(self.scheduler, self.arrived_kv, self.deferred, now_ns)
 
 
@@ -284,7 +285,8 @@ class EngineUnit:
         """Do everything this engine does at time ``t`` and return when it next needs
         attention (the end of the in-flight step it waits for), or None when it is idle.
 
-        Call it when an idle engine receives work, and at the time it returned.
+        Call it when an idle engine receives work, and at the time it returned (while a span
+        is held, work reaches the unit only after :meth:`interrupt`).
         ``horizon_ns``: no request, KV hand-off or reader reaches this unit before that time,
         so steady decode steps scheduled before it may run in bulk (None: step by step).
         ``defer_ns`` (beyond ``horizon_ns``): nothing but sends reaches the unit before it,

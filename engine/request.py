@@ -285,8 +285,11 @@ class Request:
         full: ``Request.update_block_hashes``). The first call hashes every full block of the
         prompt and all the outputs (see the module docstring)."""
         h = self._block_hashes
-        if h is None or len(h) < num_blocks:
+        if h is None:
             h = self._block_hashes = self._sequence_hashes()
+        if len(h) < num_blocks:  # (callers index the list unchecked when compiled)
+            raise ValueError(f"request {self.request_id!r}: {num_blocks} full blocks asked for, "
+                             f"its whole sequence has {len(h)}")
         return h
 
     def _sequence_hashes(self) -> list[int]:

@@ -718,7 +718,9 @@ class ProfiledLatencyModel:
         return self.iteration_ns(shape)
 
     def clear_cache(self) -> None:
-        """Forget every memoised value (per-token / MoE / per-sequence parts, attention)."""
+        """Forget every memoised value (per-token / MoE / per-sequence parts, attention; the
+        attention memos are shared by every model over the same table, see
+        :func:`attention_lookup`, so theirs go too)."""
         self._tok_cache.clear()
         self._moe_cache.clear()
         self._seq_cache.clear()

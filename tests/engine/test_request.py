@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -145,3 +146,9 @@ def test_skipping_kv_calls_changes_nothing(sc) -> None:  # type: ignore[no-untyp
         assert seen[0] == seen[1], f"step {t}"
         if not pending and not any(h.sched.has_requests() for h in sides):
             break
+
+
+def test_asking_beyond_the_sequence_is_refused() -> None:
+    r = _req(range(0, 40), out_len=30)
+    with pytest.raises(ValueError, match="5 full blocks asked for"):
+        r.hashes(5)  # 70 tokens: 4 full blocks

@@ -137,8 +137,11 @@ def test_rerun_skips_finished_points_and_runs_the_rest(tmp_path, store):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_an_interrupted_driver_loses_no_finished_point(tmp_path, sig):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Points long enough that the signal lands mid-sweep: once two have finished, the other
+    # four take seconds (a 400-request point now takes about 0.4 s, and the whole sweep could
+    # end between two of the polls below).
     cmd = [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
-           "workload.num_requests=400", "workload.rate=1,2,3,4,5,6", "tracking.plots=false",
+           "workload.num_requests=5000", "workload.rate=1,2,3,4,5,6", "tracking.plots=false",
            "cluster.gpu_memory_utilization=0.9", "hydra.launcher.num_actors=1",
            "hydra.launcher.progress=false", "-m"]
     log = tmp_path / "driver.log"

@@ -61,7 +61,7 @@ def test_cli_study_fills_mlflow_and_the_results_table(tmp_path):
 
 def test_ctrl_c_stops_the_sweep_and_its_ray(tmp_path):
     cmd = [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
-           "workload.num_requests=1500", "-m"]
+           "workload.num_requests=8000", "-m"]
     proc = subprocess.Popen(
         cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,

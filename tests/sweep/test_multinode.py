@@ -152,7 +152,7 @@ def test_sweep_survives_losing_a_node(tmp_path):
             driver = subprocess.Popen(
                 [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
                  "cluster.gpu_memory_utilization=0.9", f"workload.rate={rates}",
-                 "workload.num_requests=500", "tracking.plots=false",
+                 "workload.num_requests=5000", "tracking.plots=false",
                  "hydra.launcher.progress=false", "hydra.launcher.max_retries=2", "-m"],
                 cwd=tmp_path, env=env, stdout=out_file, stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -15,19 +15,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from sweep.recorder import RESULTS_FILE, read_results_table
+from tests.sweep.hold_jobs import hold_overrides
+from tests.sweep_helpers import sweep_env
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.ray,
     pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning"),
 ]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
-    env["PYTHONPATH"] = str(REPO)
-    return env
 
 
 def _runs(workdir: Path, experiment: str):
@@ -40,7 +35,7 @@ def test_cli_study_fills_mlflow_and_the_results_table(tmp_path):
     cmd = [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
            "cluster.gpu_memory_utilization=0.6,0.9", "workload.rate=1,2,3",
            "workload.num_requests=60", "-m"]
-    done = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+    done = subprocess.run(cmd, cwd=tmp_path, env=sweep_env(), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "6/6" in done.stderr  # the progress bar reached the end
@@ -53,17 +48,18 @@ def test_cli_study_fills_mlflow_and_the_results_table(tmp_path):
     table, _ = read_results_table(table_path)
     assert len(table) == 6 and (table["status"] == "finished").all()
     summary = subprocess.run([sys.executable, "-m", "sweep.summarize", str(table_path.parent)],
-                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+                             cwd=tmp_path, env=sweep_env(), capture_output=True, text=True, timeout=120)
     assert summary.returncode == 0, summary.stderr
     assert "study mem_util_grid: 6 points, 0 failed" in summary.stdout
     assert (table_path.parent / "study.png").is_file()
 
 
 def test_ctrl_c_stops_the_sweep_and_its_ray(tmp_path):
+    # jobs 2.. are held (tests/sweep/hold_jobs.py): Ctrl-C lands with jobs in flight
     cmd = [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
-           "workload.num_requests=8000", "-m"]
+           "workload.num_requests=400", *hold_overrides(tmp_path / "release", 2), "-m"]
     proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        cmd, cwd=tmp_path, env=sweep_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
         # a non-interactive shell's children ignore SIGINT; restore the default
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -91,4 +87,4 @@ def test_ctrl_c_stops_the_sweep_and_its_ray(tmp_path):
     assert [p.info.status for p in parents] == ["KILLED"]
     (table_path,) = (tmp_path / "multirun" / "mem_util_grid").glob(f"*/{RESULTS_FILE}")
     table, meta = read_results_table(table_path)
-    assert meta["status"] == "KILLED" and 1 <= len(table) < 20
+    assert meta["status"] == "KILLED" and 1 <= len(table) <= 2

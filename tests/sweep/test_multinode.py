@@ -30,6 +30,7 @@ from sweep.config_hash import HASH_KEY
 from sweep.recorder import RESULTS_FILE, read_results_table
 from sweep.resume import finished_counts
 from tests.store_helpers import finished_points
+from tests.sweep.hold_jobs import held_jobs, hold_overrides
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
@@ -148,25 +149,30 @@ def test_sweep_survives_losing_a_node(tmp_path):
         rates = ",".join(str(r) for r in range(1, POINTS + 1))
         env = {**ray_env(), "RAY_ADDRESS": address}
         log = tmp_path / "driver.log"
+        # Jobs 2.. wait for `release`: the raylet dies while both nodes' actors hold a job
+        release = tmp_path / "release"
         with log.open("w") as out_file:  # a file, not a pipe nobody reads while polling
             driver = subprocess.Popen(
                 [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
                  "cluster.gpu_memory_utilization=0.9", f"workload.rate={rates}",
-                 "workload.num_requests=5000", "tracking.plots=false",
-                 "hydra.launcher.progress=false", "hydra.launcher.max_retries=2", "-m"],
+                 "workload.num_requests=500", "tracking.plots=false",
+                 "hydra.launcher.progress=false", "hydra.launcher.max_retries=2",
+                 *hold_overrides(release, 2), "-m"],
                 cwd=tmp_path, env=env, stdout=out_file, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         # kill the worker node's raylet once the sweep is under way on both nodes
         deadline = time.monotonic() + 180
         done = 0
-        while done < 2:
+        while done < 2 or held_jobs(release) != {2, 3}:
             assert driver.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, "the sweep did not get going"
-            time.sleep(0.5)
+            time.sleep(0.2)
             done = finished_points(tmp_path / "mlflow.db")
         os.kill(worker_raylet[0], signal.SIGKILL)
         killed_at = done
+        time.sleep(2)  # let the launcher see the node go before the held jobs move on
+        release.touch()
         driver.wait(timeout=400)
         out = log.read_text()
         assert driver.returncode == 0, out[-4000:]

@@ -32,6 +32,7 @@ from sweep.config_hash import HASH_KEY, point_hash
 from sweep.recorder import task_config
 from sweep.resume import finished_counts
 from tests.store_helpers import finished_points
+from tests.sweep.hold_jobs import held_jobs, hold_overrides
 from tests.sweep_helpers import run_sweep, sweep_env, table
 
 ray = pytest.importorskip("ray")
@@ -137,24 +138,25 @@ def test_rerun_skips_finished_points_and_runs_the_rest(tmp_path, store):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
 def test_an_interrupted_driver_loses_no_finished_point(tmp_path, sig):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # Points long enough that the signal lands mid-sweep: once two have finished, the other
-    # four take seconds (a 400-request point now takes about 0.4 s, and the whole sweep could
-    # end between two of the polls below).
     cmd = [sys.executable, "-m", "sweep", "+experiment=mem_util_grid",
-           "workload.num_requests=5000", "workload.rate=1,2,3,4,5,6", "tracking.plots=false",
+           "workload.num_requests=400", "workload.rate=1,2,3,4,5,6", "tracking.plots=false",
            "cluster.gpu_memory_utilization=0.9", "hydra.launcher.num_actors=1",
-           "hydra.launcher.progress=false", "-m"]
+           "hydra.launcher.progress=false"]
+    # Jobs 2.. wait for a file that never comes: the signal lands with two points finished
+    # and the third in flight, however fast the engine is.
+    release = tmp_path / "release"
     log = tmp_path / "driver.log"
     with log.open("w") as out_file:
-        driver = subprocess.Popen(cmd, cwd=tmp_path, env=sweep_env(), start_new_session=True,
+        driver = subprocess.Popen([*cmd, *hold_overrides(release, 2), "-m"], cwd=tmp_path,
+                                  env=sweep_env(), start_new_session=True,
                                   stdout=out_file, stderr=subprocess.STDOUT)
     finished_before = 0
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and driver.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.2)
             finished_before = finished_points(tmp_path / "mlflow.db")
-            if finished_before >= 2:
+            if finished_before >= 2 and 2 in held_jobs(release):
                 break
         if driver.poll() is None:
             os.killpg(driver.pid, sig)  # the driver (and, for SIGKILL, the Ray it started)
@@ -165,11 +167,12 @@ def test_an_interrupted_driver_loses_no_finished_point(tmp_path, sig):
         driver.wait(timeout=60)
     expected = -signal.SIGKILL if sig == signal.SIGKILL else 130
     assert driver.returncode == expected, log.read_text()[-3000:]
-    assert 2 <= finished_before < 6
+    assert finished_before == 2, log.read_text()[-3000:]
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("mem_util_grid").experiment_id
     before = finished_counts(client, exp)
-    out = subprocess.run(cmd, cwd=tmp_path, env=sweep_env(), capture_output=True, text=True, timeout=400)
+    out = subprocess.run([*cmd, "-m"], cwd=tmp_path, env=sweep_env(), capture_output=True,
+                         text=True, timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     after = finished_counts(client, exp)
     assert len(after) == 6 and set(after.values()) == {1}  # every point exactly once

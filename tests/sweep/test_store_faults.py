@@ -22,6 +22,7 @@ import sweep.recorder as recorder_mod
 from sweep.config_hash import HASH_KEY
 from sweep.resume import finished_counts
 from tests.store_helpers import finished_points
+from tests.sweep.hold_jobs import held_jobs, hold_overrides
 from tests.sweep_helpers import run_sweep, runs_by_status, sweep_env, table
 
 pytestmark = [
@@ -233,12 +234,17 @@ def test_losing_the_local_head_ends_with_our_message_and_the_table(tmp_path):
     cmd = _sweep_cmd("workload.num_requests=400", "workload.rate=1,2,3,4,5,6",
                      "cluster.gpu_memory_utilization=0.9", "hydra.sweep.dir=multirun/lost")
     log = tmp_path / "driver.log"
-    driver = subprocess.Popen(cmd, cwd=tmp_path, env=sweep_env(), stdout=log.open("w"),
+    release = tmp_path / "release"  # never created: the raylet dies while job 2 is held
+    held = _sweep_cmd("workload.num_requests=400", "workload.rate=1,2,3,4,5,6",
+                      "cluster.gpu_memory_utilization=0.9", "hydra.sweep.dir=multirun/lost",
+                      *hold_overrides(release, 2))
+    driver = subprocess.Popen(held, cwd=tmp_path, env=sweep_env(), stdout=log.open("w"),
                               stderr=subprocess.STDOUT, start_new_session=True)
     seen: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 240
-        while finished_points(tmp_path / "mlflow.db") < 2 and time.monotonic() < deadline:
+        while ((finished_points(tmp_path / "mlflow.db") < 2 or 2 not in held_jobs(release))
+               and time.monotonic() < deadline):
             assert driver.poll() is None, log.read_text()[-3000:]
             seen.update(ray_processes(driver.pid))
             time.sleep(0.3)
@@ -260,7 +266,7 @@ def test_losing_the_local_head_ends_with_our_message_and_the_table(tmp_path):
     time.sleep(3)  # agents notice their raylet's death on their own poll
     assert _live(seen) == [], {p: seen[p] for p in _live(seen)}
     rows = table(tmp_path / "multirun" / "lost")
-    assert 2 <= (rows["status"] == "finished").sum() < 6
+    assert (rows["status"] == "finished").sum() == 2
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert_nothing_running(store)
     rerun = subprocess.run(cmd, cwd=tmp_path, env=sweep_env(), capture_output=True, text=True,

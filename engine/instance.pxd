@@ -47,6 +47,7 @@ cdef class EngineUnit:
     @cython.locals(sched=Scheduler, span_ok=bint, reach=object)
     cpdef poll(self, long long t, object horizon_ns=*, object defer_ns=*)
     cpdef _decode_span(self, long long t, long long horizon)
+    cpdef object _end_span(self, tuple done)
     @cython.locals(sched=Scheduler, times=list, ends=list, queue=list, gpu="long long", durs=list,
                    last="long long", chunk="long long", i="long long", it="long long", start="long long",
                    nxt="long long", seg_end="long long", seg_start="long long", k="long long")
@@ -55,14 +56,9 @@ cdef class EngineUnit:
                    n_c="long long", tlog=object, waiting="long long", c="long long", log=StepLog,
                    first="long long", j=Py_ssize_t, done=object, prompt=object)
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
-    @cython.locals(sched=Scheduler, lim_c="long long", ops="long long", lim_ops="long long",
-                   n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list)
+    @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list)
     cpdef bint _hold(self, SpanPlan plan)
     cpdef interrupt(self, long long t)
-
-@cython.locals(bs="long long", running=list, c0="long long[::1]", stop="long long[::1]",
-               need="long long", p=Py_ssize_t, i="long long", extra="long long")
-cpdef bint _blocks_serve(Scheduler sched, span, long long n_s)
 
 @cython.locals(running="long long")
 cdef double _load_score(Scheduler sched, object arrived_kv, SpanPlan deferred, long long now_ns)

@@ -303,10 +303,9 @@ class EngineUnit:
             self.members[0].deferred = None
             done = self._run_span(plan, len(plan.times))
             assert done is not None
-            if done[1]:
-                self.waiting_for = self.inflight[0][1]
-            else:
-                t = done[0]
+            reached = self._end_span(done)
+            if reached is not None:
+                t = reached
         if self.waiting_for is not None:
             if t < self.waiting_for:
                 return self.waiting_for
@@ -348,10 +347,10 @@ class EngineUnit:
                         # Run now, bounded by the next send as _decode_span(t, horizon_ns).
                         done = self._run_span(plan, bisect_left(plan.times, horizon_ns))
                 if done is not None:
-                    t, full = done
-                    if full:  # the span's last operation was a schedule: wait for a step
-                        self.waiting_for = inflight[0][1]
+                    reached = self._end_span(done)
+                    if reached is None:
                         return self.waiting_for
+                    t = reached
             if self._can_schedule():
                 for m in members:
                     if m.arrived_kv:
@@ -391,6 +390,15 @@ class EngineUnit:
         if plan is None:
             return None
         return self._run_span(plan, len(plan.times))
+
+    def _end_span(self, done: tuple[int, bool]) -> int | None:
+        """After a span ran (``done`` from :meth:`_run_span`): if its last operation was a
+        schedule the unit waits for the oldest step in flight (:attr:`waiting_for`, returns
+        None); else it returns the time the span reached, where the next schedule is due."""
+        if done[1]:
+            self.waiting_for = self.inflight[0][1]
+            return None
+        return done[0]
 
     def _plan_span(self, t: int, horizon: int) -> SpanPlan | None:
         """The times of the span that starts at ``t``, up to ``horizon`` (nothing run yet)."""
@@ -500,14 +508,10 @@ class EngineUnit:
         m = self.members[0]
         sched = m.scheduler
         span = plan.span
-        lim_c = span.max_completions
-        ops = 2 * len(plan.times) - 1
-        lim_ops = 2 * lim_c if sched.async_scheduling else 2 * lim_c + 1
-        if lim_ops < ops:
-            ops = lim_ops
+        ops = sched.span_ops(span, len(plan.times))
         n_s = (ops + 1) // 2
         n_c = ops // 2
-        if not _blocks_serve(sched, span, n_s):
+        if not sched.span_blocks_serve(span, n_s):
             return False
         fins = []
         for p in range(len(span.fin)):
@@ -537,8 +541,9 @@ class EngineUnit:
         self.members[0].deferred = None
         self.num_interrupted += 1
         done = self._run_span(plan, bisect_left(plan.times, t))
-        assert done is not None and done[1], "an interrupted span ends with a schedule"
-        self.waiting_for = self.inflight[0][1]
+        assert done is not None
+        reached = self._end_span(done)
+        assert reached is None, "an interrupted span ends with a schedule"
         return self.waiting_for
 
     def _can_schedule(self) -> bool:
@@ -551,27 +556,6 @@ class EngineUnit:
             if m.arrived_kv:
                 return m, m.arrived_kv[0]
         return None
-
-
-def _blocks_serve(sched: Scheduler, span: DecodeSpan, n_s: int) -> bool:
-    """Whether the free blocks serve every block boundary the span's schedules S_0 ..
-    S_{n_s - 1} cross: the blocks each request needs beyond the slots it holds for its last
-    of them (S_i needs ``c0 + i + 1`` slots), summed, are free now (a finish inside the span
-    only frees more)."""
-    bs = sched.kv.block_size
-    running = sched.running
-    c0, stop = span.c0, span.stop
-    need = 0
-    for p in range(len(c0)):
-        i = stop[p]
-        if i > n_s - 1:
-            i = n_s - 1
-        if i < 0:
-            continue
-        extra = c0[p] + i + 1 - running[p].kv_slots
-        if extra > 0:
-            need += (extra + bs - 1) // bs
-    return need <= sched.kv.pool.num_free
 
 
 def _decode_latencies(lat: LatencyModel, shape: BatchShape, first: int, k: int) -> list[int]:

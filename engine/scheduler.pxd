@@ -10,6 +10,8 @@ cdef long long _NO_OP
 @cython.locals(s="long long", u="long long")
 cdef inline (long long, long long) _next_checks(Request r, long long op, long long c0, long long lag, bint cache_async)
 
+cdef inline long long _schedules_of(long long stop, long long n_s)
+
 @cython.locals(m="long long", p=Py_ssize_t)
 cdef long long _first_due(long long[::1] next_s, long long[::1] next_u, long long[::1] fin)
 
@@ -50,8 +52,13 @@ cdef class Scheduler:
     @cython.locals(stop="long long[::1]", c0="long long[::1]", n="long long", dsum="long long", dmin="long long",
                    dmax="long long", end="long long", p=Py_ssize_t, s="long long", c="long long")
     cpdef tuple span_segment(self, span, long long i, list members=*)
+    @cython.locals(lim_c="long long", ops="long long")
+    cpdef long long span_ops(self, span, long long n_times)
+    @cython.locals(bs="long long", running=list, c0="long long[::1]", stop="long long[::1]", need="long long",
+                   p=Py_ssize_t, sc="long long", extra="long long")
+    cpdef bint span_blocks_serve(self, span, long long n_s)
     @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
-                   lim_c="long long", lim_s="long long", lag="long long", c0="long long[::1]", room="long long[::1]",
+                   lag="long long", c0="long long[::1]", room="long long[::1]",
                    stop="long long[::1]", fin="long long[::1]", next_s="long long[::1]", next_u="long long[::1]",
                    due="long long", todo=list, n=Py_ssize_t, gen=list, run_after=list, usage=list, finished=list,
                    sizes=list, n_run=Py_ssize_t, size=Py_ssize_t, cut="long long", op="long long", i="long long",

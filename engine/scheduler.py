@@ -102,6 +102,14 @@ def _next_checks(r: Request, op: int, c0: int, lag: int, cache_async: bool) -> t
     return s, u
 
 
+def _schedules_of(stop: int, n_s: int) -> int:
+    """How many of a span's first ``n_s`` schedules include a request whose last is S_stop."""
+    sc = stop + 1
+    if sc > n_s:
+        return n_s
+    return sc if sc > 0 else 0
+
+
 def _first_due(next_s: array, next_u: array, fin: array) -> int:
     """The earliest operation at which any request of a span has a KV check or its finish
     due."""
@@ -467,6 +475,36 @@ class Scheduler:
             return BatchShape(0, 0, 0, 0, 0, 0, 0, 0), end
         return BatchShape(n, n, 0, 0, n, dsum + i * n, dmin + i, dmax + i), end
 
+    def span_ops(self, span: DecodeSpan, n_times: int) -> int:
+        """The operations :meth:`decode_span` runs of ``span`` at ``n_times`` times when no
+        schedule would preempt: S_0, C_1, S_1, ... up to the last the times cover
+        (``2 * n_times - 1``) and the span's limit allows (C_{max_completions}; sync: the
+        schedule after it too, async: not, its outputs would be in flight past the limit)."""
+        lim_c = span.max_completions
+        ops = 2 * lim_c if self.async_scheduling else 2 * lim_c + 1
+        if 2 * n_times - 1 < ops:
+            ops = 2 * n_times - 1
+        return ops
+
+    def span_blocks_serve(self, span: DecodeSpan, n_s: int) -> bool:
+        """Whether the free blocks serve every block boundary the span's schedules S_0 ..
+        S_{n_s - 1} cross, so :meth:`decode_span` cannot stop early for want of blocks: the
+        blocks each request needs beyond the slots it holds for the last schedule that
+        includes it (after ``k`` schedules it holds ``c0 + k`` slots), summed, are free now
+        (a finish inside the span only frees more)."""
+        bs = self.kv.block_size
+        running = self.running
+        c0, stop = span.c0, span.stop
+        need = 0
+        for p in range(len(c0)):
+            sc = _schedules_of(stop[p], n_s)
+            if sc == 0:
+                continue
+            extra = c0[p] + sc - running[p].kv_slots
+            if extra > 0:
+                need += (extra + bs - 1) // bs
+        return need <= self.kv.pool.num_free
+
     def decode_span(self, span: DecodeSpan, times: list[int]) -> SpanOutcome:
         """Run the steady span ``span`` (from :meth:`steady_decode`, nothing changed since) as
         step-by-step would: schedules S_0, S_1, ... and completions C_1, C_2, ... alternating
@@ -489,9 +527,7 @@ class Scheduler:
         pool = kv.pool
         async_ = self.async_scheduling
         cache_async = async_ and kv.enable_caching
-        n_ops_max = 2 * len(times) - 1  # S_0 .. S_{len-1} and C_1 .. C_{len-1}
-        lim_c = span.max_completions
-        lim_s = lim_c - 1 if async_ else lim_c
+        n_ops_max = self.span_ops(span, len(times))
         lag = span.lag
         c0, room, stop, fin = span.c0, span.room, span.stop, span.fin
         next_s, next_u = span.next_s, span.next_u
@@ -510,8 +546,6 @@ class Scheduler:
         while op < n_ops_max:
             i = (op + 1) // 2
             if op % 2 == 0:  # S_i
-                if i > lim_s:
-                    break
                 if i == 0 or i >= cut:
                     shape, cut = self.span_segment(span, i)
                     size = shape.num_seqs
@@ -551,8 +585,6 @@ class Scheduler:
                     next_s[p], next_u[p] = _next_checks(r, op, c, lag, cache_async)
                 sizes.append(size)
             else:  # C_i: the output of S_{i-2+lag} (async C_1: of the step in flight before)
-                if i > lim_c:
-                    break
                 if op == due:
                     for p in range(n):  # in the step's request order, as update_from_output
                         if next_u[p] == op:
@@ -599,11 +631,7 @@ class Scheduler:
         if op:
             for p in range(n):
                 r = running[p]
-                sc = stop[p] + 1  # schedules that included it
-                if sc > done_s:
-                    sc = done_s
-                elif sc < 0:
-                    sc = 0
+                sc = _schedules_of(stop[p], done_s)
                 cc = room[p]  # completions that gave it a token
                 if cc > done_c:
                     cc = done_c

@@ -181,6 +181,11 @@ def test_sweep_survives_losing_a_node(tmp_path):
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait(timeout=30)
         stop(nodes)
+    # every process of both nodes is gone (one SIGKILLed a moment ago may still be exiting:
+    # its cmdline already empty, not yet a zombie)
+    deadline = time.monotonic() + 15
+    while (group_pids(nodes[0].pid) or group_pids(nodes[1].pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not group_pids(nodes[0].pid) and not group_pids(nodes[1].pid)
 
     client = MlflowClient(store)

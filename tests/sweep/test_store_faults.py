@@ -231,13 +231,12 @@ def _live(pids: dict[int, str]) -> list[int]:
 def test_losing_the_local_head_ends_with_our_message_and_the_table(tmp_path):
     from hydra_plugins.ray_actor_launcher.ray_cluster import ray_processes
 
-    cmd = _sweep_cmd("workload.num_requests=400", "workload.rate=1,2,3,4,5,6",
-                     "cluster.gpu_memory_utilization=0.9", "hydra.sweep.dir=multirun/lost")
+    points = ("workload.num_requests=400", "workload.rate=1,2,3,4,5,6",
+              "cluster.gpu_memory_utilization=0.9", "hydra.sweep.dir=multirun/lost")
+    cmd = _sweep_cmd(*points)
     log = tmp_path / "driver.log"
     release = tmp_path / "release"  # never created: the raylet dies while job 2 is held
-    held = _sweep_cmd("workload.num_requests=400", "workload.rate=1,2,3,4,5,6",
-                      "cluster.gpu_memory_utilization=0.9", "hydra.sweep.dir=multirun/lost",
-                      *hold_overrides(release, 2))
+    held = _sweep_cmd(*points, *hold_overrides(release, 2))
     driver = subprocess.Popen(held, cwd=tmp_path, env=sweep_env(), stdout=log.open("w"),
                               stderr=subprocess.STDOUT, start_new_session=True)
     seen: dict[int, str] = {}

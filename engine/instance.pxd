@@ -42,13 +42,14 @@ cdef class EngineUnit:
     cdef public long long num_deferred
     cdef public long long num_interrupted
 
+    @cython.locals(c="long long", h="long long")
     cpdef long long _overhead(self, long long t_gpu)
     cpdef _complete_oldest(self)
     @cython.locals(sched=Scheduler, span_ok=bint, reach=object)
     cpdef poll(self, long long t, object horizon_ns=*, object defer_ns=*)
     cpdef _decode_span(self, long long t, long long horizon)
     cpdef object _end_span(self, tuple done)
-    @cython.locals(sched=Scheduler, times=list, ends=list, queue=list, gpu="long long", durs=list,
+    @cython.locals(sched=Scheduler, times=list, ends=list, queue=list, nq=Py_ssize_t, gpu="long long", durs=list,
                    last="long long", chunk="long long", i="long long", it="long long", start="long long",
                    nxt="long long", seg_end="long long", seg_start="long long", k="long long")
     cpdef _plan_span(self, long long t, long long horizon)
@@ -56,7 +57,8 @@ cdef class EngineUnit:
                    n_c="long long", tlog=object, waiting="long long", c="long long", log=StepLog,
                    first="long long", j=Py_ssize_t, done=object, prompt=object)
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
-    @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list)
+    @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list,
+                   fin="long long[::1]", room="long long[::1]", last_op="long long")
     cpdef bint _hold(self, SpanPlan plan)
     cpdef interrupt(self, long long t)
 

@@ -414,7 +414,10 @@ class EngineUnit:
         # horizon; ends[i]: S_i's end, when the GPU is free after it (pp = 1).
         times = [t]
         ends: list[int] = []
-        queue = [e for _, e in inflight]  # in-flight step ends, oldest first
+        # The steps in flight, oldest first: those before the span (their ends), then the
+        # span's schedules (``ends``); C_{i+1} completes the (i+1)-th of them.
+        queue = [e for _, e in inflight]
+        nq = len(queue)
         gpu = self.gpu_free_at
         durs: list[int] = []
         last = span.max_completions  # S_0 .. S_last and C_1 .. C_last at most
@@ -444,8 +447,7 @@ class EngineUnit:
             start = times[i] if times[i] > gpu else gpu
             gpu = start + it + self._overhead(it)
             ends.append(gpu)
-            queue.append(gpu)
-            nxt = queue.pop(0)  # C_{i+1}: the oldest step in flight completes
+            nxt = queue[i] if i < nq else ends[i - nq]  # C_{i+1}: the oldest in flight completes
             if i == last or nxt >= horizon:
                 break
             times.append(nxt)
@@ -514,9 +516,11 @@ class EngineUnit:
         if not sched.span_blocks_serve(span, n_s):
             return False
         fins = []
-        for p in range(len(span.fin)):
-            if span.fin[p] < n_c * 2:  # its final completion C_room is one of the plan's
-                fins.append(span.room[p])
+        fin, room = span.fin, span.room
+        last_op = n_c * 2
+        for p in range(len(fin)):
+            if fin[p] < last_op:  # its final completion C_room is one of the plan's
+                fins.append(room[p])
         fins.sort()
         plan.finish_at_c = array("q", fins)
         if ops % 2 == 1:  # ends with a schedule: then the oldest step in flight completes

@@ -55,7 +55,7 @@ cdef class Scheduler:
     @cython.locals(lim_c="long long", ops="long long")
     cpdef long long span_ops(self, span, long long n_times)
     @cython.locals(bs="long long", running=list, c0="long long[::1]", stop="long long[::1]", need="long long",
-                   p=Py_ssize_t, sc="long long", extra="long long")
+                   p=Py_ssize_t, sc="long long", extra="long long", r=Request)
     cpdef bint span_blocks_serve(self, span, long long n_s)
     @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
                    lag="long long", c0="long long[::1]", room="long long[::1]",

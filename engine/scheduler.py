@@ -500,7 +500,8 @@ class Scheduler:
             sc = _schedules_of(stop[p], n_s)
             if sc == 0:
                 continue
-            extra = c0[p] + sc - running[p].kv_slots
+            r = running[p]
+            extra = c0[p] + sc - r.kv_slots
             if extra > 0:
                 need += (extra + bs - 1) // bs
         return need <= self.kv.pool.num_free

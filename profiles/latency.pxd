@@ -70,7 +70,10 @@ cdef class _AttentionLookup:
     @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, t=double, rows=tuple)
     cpdef _KvFn _corner(self, long long p, long long n, long long kp)
 
-@cython.locals(out=list, a=double, i_n=Py_ssize_t, i_rate=Py_ssize_t, i_kp=Py_ssize_t, i="long long",
-               t_mean="long long", t_max="long long", v="long long")
+@cython.locals(f="long long", d=double)
+cpdef long long round_even(double x)
+
+@cython.locals(out=list, a=double, i_n=Py_ssize_t, i_rate=Py_ssize_t, i_kp=Py_ssize_t, i_kv=Py_ssize_t,
+               i="long long", t_mean="long long", t_max="long long", v="long long", edge=double)
 cpdef list _decode_run_ns(_KvFn attn, _SkewAlphas skew, double fallback, long long fixed, long long L,
                           long long nd, long long kv_mean, long long kv_max, double rate, long long k)

@@ -436,27 +436,49 @@ def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed
             out.append(fixed + L * attention_at(attn, kv_mean + i))
         return out
     # Along the run the skew rate is constant and only the kv_big bucket of kv_max + i moves:
-    # alpha is read by bucket index.
+    # alpha is read by bucket index, again only once kv_max + i passes the bucket's upper edge
+    # (bucket_index returns the first bucket whose edge holds the value: until the value
+    # passes that edge, the same one).
     a = fallback
-    i_n = i_rate = i_kp = 0
+    i_n = i_rate = i_kp = i_kv = 0
+    edge = math.inf
     if skew is not None:
         i_n = bucket_index(nd, skew.n_bins, skew.n_n)
         i_rate = bucket_index(rate, skew.rate_bins, skew.n_rate)
         i_kp = bucket_index(0, skew.kp_bins, skew.n_kp)
+        i_kv = bucket_index(kv_max, skew.kv_bins, skew.n_kv)
+        edge = skew.kv_bins[i_kv + 1] if i_kv < skew.n_kv - 1 else math.inf
+        a = skew.alpha_at(0, i_n, i_rate, i_kv, i_kp)
     for i in range(k):
         t_mean = attention_at(attn, kv_mean + i)
-        if skew is not None:
-            a = skew.alpha_at(0, i_n, i_rate, bucket_index(kv_max + i, skew.kv_bins, skew.n_kv),
-                              i_kp)
+        if kv_max + i > edge:
+            assert skew is not None
+            i_kv = bucket_index(kv_max + i, skew.kv_bins, skew.n_kv)
+            edge = skew.kv_bins[i_kv + 1] if i_kv < skew.n_kv - 1 else math.inf
+            a = skew.alpha_at(0, i_n, i_rate, i_kv, i_kp)
         v = t_mean
         if a != 0:
             t_max = attention_at(attn, kv_max + i)
             if t_max > t_mean:
-                v = round(t_mean + a * (t_max - t_mean))
+                v = round_even(t_mean + a * (t_max - t_mean))
                 if v < 1:
                     v = 1
         out.append(fixed + L * v)
     return out
+
+
+def round_even(x: float) -> int:
+    """``round(x)`` of a finite float (ties to even) in integer arithmetic, so that it compiles
+    to C (the builtin is a Python call per decode step): the floor, then one up when the
+    fraction is above a half, or exactly a half on an odd floor. ``x - floor`` is exact for
+    these magnitudes (nanoseconds, far below 2**52)."""
+    f = int(x)
+    if f > x:  # int() truncates: the floor of a negative non-integer is one lower
+        f -= 1
+    d = x - f
+    if d > 0.5 or (d == 0.5 and f % 2 != 0):
+        f += 1
+    return f
 
 
 def _skew_rate(shape: BatchShape) -> float:
@@ -630,7 +652,7 @@ class ProfiledLatencyModel:
         t_max = attention_at(fn, kv_max)
         if t_max <= t_mean:
             return t_mean
-        return max(round(t_mean + alpha * (t_max - t_mean)), 1)
+        return max(round_even(t_mean + alpha * (t_max - t_mean)), 1)
 
     def skew_alpha(self, shape: BatchShape) -> float:
         """The alpha the skew correction uses for this batch (0 when the bundle has no fit)."""

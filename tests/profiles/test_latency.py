@@ -472,3 +472,14 @@ def test_models_over_one_table_share_its_attention_lookup(tmp_path: Path) -> Non
     gc.collect()
     fresh = attention_lookup(table, False)
     assert fresh.table is table and fresh._memo == {}
+
+
+@given(st.one_of(
+    st.floats(min_value=-1e9, max_value=1e12, allow_nan=False),
+    st.integers(-10**6, 10**9).map(lambda n: n + 0.5),  # ties: to even
+    st.integers(-10**6, 10**9).map(float),
+))
+def test_round_even_is_python_round(x):
+    from profiles.latency import round_even
+
+    assert round_even(x) == round(x)

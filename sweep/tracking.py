@@ -109,10 +109,25 @@ def finite_metrics(metrics: Mapping[str, float]) -> tuple[dict[str, float], dict
 
 
 def _context_tags() -> dict[str, str]:
-    """MLflow's standard run tags for this process (source, user, git commit)."""
+    """MLflow's standard run tags for this process (source, user, git commit), as
+    ``resolve_tags`` gives them. In a process that has not loaded IPython no IPython shell
+    runs, so MLflow's notebook probes (Jupyter, Databricks) can only answer "not in a
+    notebook"; each would first import IPython to learn it (about 1.2 CPU-s where IPython is
+    installed). There the import is made to fail for the duration, which every probe takes
+    for the same answer (they catch ``ImportError`` as "no shell")."""
+    import sys
+
     from mlflow.tracking.context.registry import resolve_tags
 
-    return {k: str(v) for k, v in resolve_tags().items()}
+    if "IPython" in sys.modules:
+        return {k: str(v) for k, v in resolve_tags().items()}
+    sys.modules["IPython"] = None  # type: ignore[assignment]  # import IPython -> ImportError
+    try:
+        tags = resolve_tags()
+    finally:
+        if sys.modules.get("IPython", 0) is None:
+            del sys.modules["IPython"]
+    return {k: str(v) for k, v in tags.items()}
 
 
 class Tracker:

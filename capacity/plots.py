@@ -10,12 +10,14 @@ import re
 from collections.abc import Sequence
 
 import matplotlib
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+from capacity.fleet import pareto_front
 
-from capacity.fleet import pareto_front  # noqa: E402
+# Figures are ``Figure`` objects saved through the Agg canvas ``savefig`` picks for PNG,
+# without ``matplotlib.pyplot`` (as ``sweep.plots``: nothing here is ever shown).
 
 _LABELS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
 
@@ -30,7 +32,7 @@ def latency_file(config: str) -> str:
     return f"latency_{slug(config)}.png"
 
 
-def _plain_log(ax: plt.Axes, axis: str) -> None:
+def _plain_log(ax: Axes, axis: str) -> None:
     """Log scale with plain-number tick labels (``0.15``, not ``1.5 x 10^-1``)."""
     from matplotlib.ticker import FuncFormatter
 
@@ -43,10 +45,9 @@ def _plain_log(ax: plt.Axes, axis: str) -> None:
     target.set_minor_formatter(plain if hi / max(lo, 1e-300) < 100 else FuncFormatter(lambda v, _: ""))
 
 
-def _png(fig: plt.Figure) -> bytes:
+def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
     return buf.getvalue()
 
 
@@ -62,7 +63,8 @@ def latency_vs_load_png(probes: pd.DataFrame, bounds: dict[str, float], max_rate
     saturation probe (all requests at t = 0) is left out: it has no finite rate."""
     rows = probes[probes["rate"].map(math.isfinite)].sort_values("rate")
     keys = sorted(bounds)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
+    fig = Figure(figsize=(4.2 * len(keys), 3.4))
+    axes = fig.subplots(1, len(keys), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
         col = key  # the observed statistic: the probe run's metric of the bound's name
         if col in rows and len(rows):
@@ -89,7 +91,8 @@ def pareto_png(answers: pd.DataFrame, title: str = "") -> bytes:
     is joined by a line."""
     rows = answers[(answers["max_rate"] > 0)
                    & answers["usd_per_m_output_tokens"].map(math.isfinite)]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     x, y = list(rows["max_rate"]), list(rows["usd_per_m_output_tokens"])
     front = set(pareto_front(x, y))
     for i, row in enumerate(rows.itertuples(index=False)):
@@ -116,13 +119,14 @@ def pareto_png(answers: pd.DataFrame, title: str = "") -> bytes:
 def interactivity_png(probes: pd.DataFrame, configs: Sequence[str]) -> bytes:
     """Output tokens/s per GPU against output tokens/s per user (1000 / median TPOT) at each
     probed load, one line per configuration; filled markers meet the SLO."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     rows = probes[probes["rate"].map(math.isfinite) & (probes["tpot_ms_median"] > 0)]
     for i, name in enumerate(configs):
         part = rows[rows["config"] == name].sort_values("rate")
         if part.empty:
             continue
-        color = plt.get_cmap("tab20")(i % 20)
+        color = matplotlib.colormaps["tab20"](i % 20)
         user = 1000.0 / part["tpot_ms_median"]
         gpu = part["output_throughput"] / part["num_gpus"]
         ax.plot(user, gpu, color=color, lw=1, label=name)

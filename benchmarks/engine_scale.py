@@ -262,17 +262,10 @@ def main() -> int:
     trees: dict[str, Path | None] = {"current": None}
     tmp = None
     if args.compare:
+        from revision_tree import checkout
+
         tmp = tempfile.TemporaryDirectory(prefix="engine_scale_")
-        archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", args.compare], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", tmp.name], input=archive, check=True)
-        if (Path(tmp.name) / "setup.py").is_file():  # a tree with a compiled core: build it,
-            # or it would run interpreted (its engine refuses nothing without a stamp)
-            print(f"building {args.compare}'s compiled core ...", file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                           cwd=tmp.name, check=True, capture_output=True)
-        trees[f"previous ({args.compare})"] = Path(tmp.name)
+        trees[f"previous ({args.compare})"] = checkout(args.compare, Path(tmp.name))
     load_before = _loadavg()
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     for _ in range(args.repeat):

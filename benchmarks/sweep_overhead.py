@@ -5,7 +5,8 @@ with a new MLflow sqlite store and a new sweep directory, so nothing is resumed:
 sweep the benchmark checks that ``results.parquet`` holds one finished row per point, none
 ``resumed_from`` another run, and that the launcher logged ``N jobs done`` (a benchmark that
 ran 0 jobs once reported a 3.83x speed-up). Per implementation (this tree, and with
-``--compare REV`` the git revision REV checked out in a temporary worktree, run side by side
+``--compare REV`` the git revision REV extracted into a temporary directory with its
+compiled core built (``revision_tree.checkout``), run side by side
 in the same invocation, alternating, ``--repeat`` times):
 
 ``--compare-dir DIR`` measures another source tree the same way (e.g. a copy of this one with
@@ -265,24 +266,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="sweep_overhead_"))
     trees = {"this tree": REPO}
-    if args.compare:
-        wt = work / "worktree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(wt), args.compare], cwd=REPO,
-                       check=True, capture_output=True)
-        trees[args.compare] = wt
+    if args.compare:  # extracted with its compiled core built (revision_tree.checkout)
+        from revision_tree import checkout
+
+        trees[args.compare] = checkout(args.compare, work / "revision")
     if args.compare_dir:
         trees[str(args.compare_dir)] = args.compare_dir.resolve()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    try:
-        for i in range(args.repeat):  # alternate, so both see the same machine load
-            for name, tree in trees.items():
-                label = re.sub(r"\W", "_", name)
-                runs[name].append(measure(tree, work / f"{label}_{i}", args.probes))
-                print(f"  {name} #{i + 1} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
-    finally:
-        if args.compare:
-            subprocess.run(["git", "worktree", "remove", "--force", str(work / "worktree")],
-                           cwd=REPO, check=False, capture_output=True)
+    for i in range(args.repeat):  # alternate, so both see the same machine load
+        for name, tree in trees.items():
+            label = re.sub(r"\W", "_", name)
+            runs[name].append(measure(tree, work / f"{label}_{i}", args.probes))
+            print(f"  {name} #{i + 1} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
     print(f"mem_util_grid (20 points, 300 requests each), {os.cpu_count()} CPUs, fresh store "
           f"per run; median of {args.repeat} (min..max)")
     print(f"  {'':40s}" + "".join(f"{name:>24s}" for name in trees))

@@ -1,0 +1,30 @@
+"""A git revision's source tree for a side-by-side benchmark (``--compare REV``).
+
+``checkout(rev, dest)`` extracts revision ``rev`` of this repository with ``git archive`` into
+``dest`` (the repository and its work tree are not touched) and, when the revision has a
+compiled core (a ``setup.py``), builds it there in place: without that build an older
+revision's engine runs interpreted (it refuses nothing without a stamp) and the comparison
+would measure the interpreter, not the revision. Used by ``engine_scale.py`` and
+``sweep_overhead.py``; the caller imports the tree through ``PYTHONPATH`` or its cwd.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout(rev: str, dest: Path) -> Path:
+    """Revision ``rev`` extracted into ``dest`` (created) with its compiled core built."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    if (dest / "setup.py").is_file():
+        print(f"building {rev}'s compiled core ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                       cwd=dest, check=True, capture_output=True)
+    return dest

@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -273,11 +274,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.compare_dir:
         trees[str(args.compare_dir)] = args.compare_dir.resolve()
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for i in range(args.repeat):  # alternate, so both see the same machine load
-        for name, tree in trees.items():
-            label = re.sub(r"\W", "_", name)
-            runs[name].append(measure(tree, work / f"{label}_{i}", args.probes))
-            print(f"  {name} #{i + 1} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+    try:
+        for i in range(args.repeat):  # alternate, so both see the same machine load
+            for name, tree in trees.items():
+                label = re.sub(r"\W", "_", name)
+                runs[name].append(measure(tree, work / f"{label}_{i}", args.probes))
+                print(f"  {name} #{i + 1} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr)
+    finally:  # the extracted revision (with its build) goes, as its worktree did before
+        shutil.rmtree(work / "revision", ignore_errors=True)
     print(f"mem_util_grid (20 points, 300 requests each), {os.cpu_count()} CPUs, fresh store "
           f"per run; median of {args.repeat} (min..max)")
     print(f"  {'':40s}" + "".join(f"{name:>24s}" for name in trees))

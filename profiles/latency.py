@@ -441,14 +441,12 @@ def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed
     # passes that edge, the same one).
     a = fallback
     i_n = i_rate = i_kp = i_kv = 0
-    edge = math.inf
+    edge = math.inf  # without a skew fit alpha stays the fallback
     if skew is not None:
         i_n = bucket_index(nd, skew.n_bins, skew.n_n)
         i_rate = bucket_index(rate, skew.rate_bins, skew.n_rate)
         i_kp = bucket_index(0, skew.kp_bins, skew.n_kp)
-        i_kv = bucket_index(kv_max, skew.kv_bins, skew.n_kv)
-        edge = skew.kv_bins[i_kv + 1] if i_kv < skew.n_kv - 1 else math.inf
-        a = skew.alpha_at(0, i_n, i_rate, i_kv, i_kp)
+        edge = -math.inf  # the first step looks its bucket up
     for i in range(k):
         t_mean = attention_at(attn, kv_mean + i)
         if kv_max + i > edge:

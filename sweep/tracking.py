@@ -112,8 +112,8 @@ def _context_tags() -> dict[str, str]:
     """MLflow's standard run tags for this process (source, user, git commit), as
     ``resolve_tags`` gives them. In a process that has not loaded IPython no IPython shell
     runs, so MLflow's notebook probes (Jupyter, Databricks) can only answer "not in a
-    notebook"; each would first import IPython to learn it (about 1.2 CPU-s where IPython is
-    installed). There the import is made to fail for the duration, which every probe takes
+    notebook"; each would first import IPython to learn it (``resolve_tags`` 0.28–0.34 CPU-s
+    against 0.04–0.05 without, where IPython is installed). There the import is made to fail for the duration, which every probe takes
     for the same answer (they catch ``ImportError`` as "no shell")."""
     import sys
 

@@ -2,12 +2,16 @@
 
 import sys
 
-from sweep.app import main
+from sweep.gc_policy import freeze_at_exit, long_lived
+
+with long_lived():  # the app's modules live as long as the process (sweep.gc_policy)
+    from sweep.app import main
 
 # Studies that search (their points depend on earlier results) run under their own driver.
 SEARCH_STUDIES = ("capacity_search", "fleet_sizing")
 
 if __name__ == "__main__":
+    freeze_at_exit()
     for arg in sys.argv[1:]:
         if arg.startswith("+experiment=") and arg.split("=", 1)[1] in SEARCH_STUDIES:
             study = arg.split("=", 1)[1]

@@ -13,6 +13,7 @@ import hydra
 from omegaconf import DictConfig
 
 from capacity.run import run_study
+from sweep.gc_policy import freeze_at_exit
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -21,6 +22,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    freeze_at_exit()
     if {"-m", "--multirun"} & set(sys.argv[1:]):
         raise SystemExit("python -m sweep.capacity runs its own search over the grid in "
                          "hydra.sweeper.params: drop -m")

@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.claims import Claims, Decision, PointClaim
 from sweep.config_hash import HASH_KEY, point_hash
+from sweep.gc_policy import long_lived
 from sweep.tracking import TrackingError, TrackingWriteError, finite_metrics
 
 log = logging.getLogger(__name__)
@@ -143,13 +144,19 @@ class SweepRecorder:
     # --------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Open the MLflow store, close runs that dead drivers left ``RUNNING`` and, for a
-        sweep, open the parent run (before any job runs)."""
+        sweep, open the parent run (before any job runs). MLflow, SQLAlchemy and the open
+        store stay loaded for the rest of the process: they are created outside the
+        collector's walks (``sweep.gc_policy.long_lived``)."""
         if not self.tracking.get("uri"):
             if self.groundtruth:
                 from sweep.groundtruth import groundtruth_metrics
 
                 self.groundtruth_metrics = groundtruth_metrics(self.groundtruth, self.slo)[1]
             return
+        with long_lived():
+            self._open_tracker()
+
+    def _open_tracker(self) -> None:
         from sweep.store_lock import open_tracker
 
         try:

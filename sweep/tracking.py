@@ -33,8 +33,13 @@ os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
 
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
-from mlflow.tracking import MlflowClient  # noqa: E402
+from sweep.gc_policy import long_lived  # noqa: E402
+
+# MLflow's modules are about 270,000 objects that the driver keeps to its end: created
+# outside the collector's walks (sweep.gc_policy)
+with long_lived():
+    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.tracking import MlflowClient
 
 from sweep.store_check import TrackingError, check_store, sqlite_path  # noqa: E402
 

@@ -398,13 +398,17 @@ class RayActorLauncher(Launcher):
     def _stop_ray(self, ray: Any, actors: list[Any]) -> None:
         """Kill the actors and, if this launcher started Ray, shut it down; then kill any Ray
         process of ours still alive (a dead head leaves orphans that ``shutdown`` misses)."""
-        from hydra_plugins.ray_actor_launcher.ray_cluster import kill_ray_processes
+        from hydra_plugins.ray_actor_launcher.ray_cluster import (
+            kill_autoscaler_monitor,
+            kill_ray_processes,
+        )
 
         for actor in actors:
             with contextlib.suppress(Exception):  # a dead cluster cannot kill its actors
                 ray.kill(actor)
         if self._started_ray and self.params.shutdown_ray:
             try:
+                kill_autoscaler_monitor()  # else shutdown waits 1 s on it (see there)
                 ray.shutdown()
             finally:
                 self._started_ray = False

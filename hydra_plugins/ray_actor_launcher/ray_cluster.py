@@ -256,6 +256,35 @@ def ray_processes(root: int | None = None) -> dict[int, str]:
     return out
 
 
+AUTOSCALER_MONITOR = b"/site-packages/ray/autoscaler/"  # monitor.py (v1 and v2) lives here
+
+
+def kill_autoscaler_monitor() -> int:
+    """SIGKILL the autoscaler monitor of the local Ray below this process; how many were
+    killed. Call it just before ``ray.shutdown()`` of a Ray this process started:
+    ``Node.kill_all_processes`` (``ray/_private/node.py``) stops the GCS before the monitor,
+    whose SIGTERM handler (``ray/autoscaler/_private/monitor.py``, ``_signal_handler``) then
+    blocks on reporting its exit to the dead GCS until Ray SIGKILLs it after
+    ``wait_timeout_seconds`` (1 s): a second of every sweep's teardown. Killed first it is
+    gone at once, with the same end (SIGKILL) and nothing lost: a single-machine Ray has
+    nothing to scale."""
+    import signal
+
+    killed = 0
+    for pid in ray_processes():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if AUTOSCALER_MONITOR in cmdline and b"monitor.py" in cmdline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
+
+
 def kill_ray_processes(known: dict[int, str]) -> int:
     """SIGKILL every process of ``known`` (pid -> name, as ``ray_processes`` gave it) and of
     ``ray_processes()`` that still runs under the same name; how many were killed. Workers

@@ -64,6 +64,28 @@ def test_process_tree_holds_children():
         child.wait()
 
 
+@linux_only
+def test_kill_autoscaler_monitor_kills_the_monitor_only(tmp_path):
+    # Stand-ins named as Ray's processes are (the script path is in the command line).
+    sleep = "import time; time.sleep(60)"
+    monitor = subprocess.Popen([sys.executable, "-c", sleep,
+                                "/x/site-packages/ray/autoscaler/_private/monitor.py"])
+    log_monitor = subprocess.Popen([sys.executable, "-c", sleep,
+                                    "/x/site-packages/ray/_private/log_monitor.py"])
+    try:
+        deadline = time.monotonic() + 10
+        while not ({monitor.pid, log_monitor.pid} <= set(ray_cluster.ray_processes())):
+            assert time.monotonic() < deadline, "the stand-ins never showed up in /proc"
+            time.sleep(0.01)
+        assert ray_cluster.kill_autoscaler_monitor() == 1
+        assert monitor.wait(timeout=10) == -9
+        assert log_monitor.poll() is None
+    finally:
+        for proc in (monitor, log_monitor):
+            proc.kill()
+            proc.wait()
+
+
 class FakeRay:
     """Records ``init``/``shutdown``; reports ``node_ip`` as the node address."""
 

@@ -230,5 +230,9 @@ class RayProbePool:
             self._ray.kill(actor)
         self._actors.clear()
         if self._started:
-            self._ray.shutdown()
+            from hydra_plugins.ray_actor_launcher.ray_cluster import stop_ray
+
             self._started = False
+            left = stop_ray(self._ray)
+            if left:
+                log.warning(f"killed {left} Ray process(es) left after shutdown")

@@ -398,23 +398,16 @@ class RayActorLauncher(Launcher):
     def _stop_ray(self, ray: Any, actors: list[Any]) -> None:
         """Kill the actors and, if this launcher started Ray, shut it down; then kill any Ray
         process of ours still alive (a dead head leaves orphans that ``shutdown`` misses)."""
-        from hydra_plugins.ray_actor_launcher.ray_cluster import (
-            kill_autoscaler_monitor,
-            kill_ray_processes,
-        )
+        from hydra_plugins.ray_actor_launcher.ray_cluster import stop_ray
 
         for actor in actors:
             with contextlib.suppress(Exception):  # a dead cluster cannot kill its actors
                 ray.kill(actor)
         if self._started_ray and self.params.shutdown_ray:
-            try:
-                kill_autoscaler_monitor()  # else shutdown waits 1 s on it (see there)
-                ray.shutdown()
-            finally:
-                self._started_ray = False
-                left = kill_ray_processes(self._ray_pids)
-                if left:
-                    log.warning(f"killed {left} Ray process(es) left after shutdown")
+            self._started_ray = False
+            left = stop_ray(ray, self._ray_pids)
+            if left:
+                log.warning(f"killed {left} Ray process(es) left after shutdown")
 
     def _ensure_ray(self, ray: Any) -> None:
         if ray.is_initialized():

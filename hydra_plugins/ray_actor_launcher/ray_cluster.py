@@ -267,7 +267,7 @@ def kill_autoscaler_monitor() -> int:
     blocks on reporting its exit to the dead GCS until Ray SIGKILLs it after
     ``wait_timeout_seconds`` (1 s): a second of every sweep's teardown. Killed first it is
     gone at once, with the same end (SIGKILL) and nothing lost: a single-machine Ray has
-    nothing to scale."""
+    nothing to scale. ``stop_ray`` does it."""
     import signal
 
     killed = 0
@@ -301,3 +301,16 @@ def kill_ray_processes(known: dict[int, str]) -> int:
             except OSError:
                 pass
     return killed
+
+
+def stop_ray(ray: Any, known: Mapping[int, str] | None = None) -> int:
+    """Shut down the local Ray this process started: its autoscaler monitor first
+    (``kill_autoscaler_monitor``), then ``ray.shutdown()``, then SIGKILL for any Ray process
+    of ours still alive (``kill_ray_processes`` over ``known`` and this process's children:
+    a dead head leaves orphans that ``shutdown`` misses). Returns how many were left."""
+    kill_autoscaler_monitor()
+    try:
+        ray.shutdown()
+    finally:
+        left = kill_ray_processes(dict(known or {}))
+    return left

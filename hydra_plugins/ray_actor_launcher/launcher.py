@@ -98,7 +98,8 @@ class RayActorLauncher(Launcher):
         assert self.config is not None
         # Ray and the actors start now, in the background, while this thread composes and
         # validates the jobs and opens the recorder; an invalid sweep stops them again.
-        self._startup = RayOwner(lambda: self._start_pool(len(job_overrides)), self._stop_pool)
+        self._startup = RayOwner(lambda stopping: self._start_pool(len(job_overrides), stopping),
+                                 self._stop_pool)
         try:
             jobs = self._compose(job_overrides, initial_job_idx, sweep_dir)
             infeasible = self._validate(jobs) if self.params.validator else {}
@@ -163,14 +164,21 @@ class RayActorLauncher(Launcher):
         recorder.start()
         opened["recorder"] = recorder
 
-    def _start_pool(self, num_jobs: int) -> None:
+    def _start_pool(self, num_jobs: int, stopping: threading.Event) -> None:
         """Start or attach Ray and create the pool's actors; return once every actor runs
-        (it has imported ``preload``). Runs in the ``RayOwner`` thread ``self._startup``."""
+        (it has imported ``preload``). Runs in the ``RayOwner`` thread ``self._startup``.
+        Nothing is started once ``stopping`` is set: a sweep whose composition or validation
+        fails while ``import ray`` runs (the usual case for a mistyped override) ends with
+        its message at once, without a Ray to start and stop first."""
         import ray
 
         t_start = time.monotonic()
         logging.getLogger("ray._private.worker").addFilter(_NoThreadSigtermWarning())
+        if stopping.is_set():
+            return
         self._ensure_ray(ray)
+        if stopping.is_set():
+            return
         actor_options = dict(OmegaConf.to_container(self.params.actor_options, resolve=True))
         actor_options.setdefault("max_concurrency", 1)
         from hydra_plugins.ray_actor_launcher._actor import JobRunner
@@ -480,12 +488,13 @@ class InBackground:
 
 
 class RayOwner:
-    """The thread that starts Ray and the actors (``start``) and, once told to, stops them
-    (``stop``). One thread owns them for the whole launch because Ray ties the processes it
+    """The thread that starts Ray and the actors (``start``, given the event ``stop`` sets, so
+    that it can give up early) and, once told to, stops them (``stop``). One thread owns them for the whole launch because Ray ties the processes it
     starts to the thread that started them (Linux ``PR_SET_PDEATHSIG`` acts when the parent
     *thread* exits): a local Ray started in a short-lived thread would die with it."""
 
-    def __init__(self, start: Callable[[], None], stop: Callable[[], None]) -> None:
+    def __init__(self, start: Callable[[threading.Event], None],
+                 stop: Callable[[], None]) -> None:
         self._started = threading.Event()
         self._stopping = threading.Event()
         self._error: BaseException | None = None
@@ -493,9 +502,9 @@ class RayOwner:
                                         name="ray-owner")
         self._thread.start()
 
-    def _main(self, start: Callable[[], None], stop: Callable[[], None]) -> None:
+    def _main(self, start: Callable[[threading.Event], None], stop: Callable[[], None]) -> None:
         try:
-            start()
+            start(self._stopping)  # may return early, having started less, once stopping
         except BaseException as err:  # handed to ``wait_started``
             self._error = err
         finally:

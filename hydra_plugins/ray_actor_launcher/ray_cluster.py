@@ -268,20 +268,28 @@ def kill_autoscaler_monitor() -> int:
     ``wait_timeout_seconds`` (1 s): a second of every sweep's teardown. Killed first it is
     gone at once, with the same end (SIGKILL) and nothing lost: a single-machine Ray has
     nothing to scale. ``stop_ray`` does it."""
-    import signal
-
-    killed = 0
+    monitors = []
     for pid in ray_processes():
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
         if AUTOSCALER_MONITOR in cmdline and b"monitor.py" in cmdline:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
+            monitors.append(pid)
+    return _sigkill(monitors)
+
+
+def _sigkill(pids: Iterable[int]) -> int:
+    """SIGKILL each of ``pids``; how many were still there to kill."""
+    import signal
+
+    killed = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed += 1
+        except OSError:
+            pass
     return killed
 
 
@@ -289,18 +297,8 @@ def kill_ray_processes(known: dict[int, str]) -> int:
     """SIGKILL every process of ``known`` (pid -> name, as ``ray_processes`` gave it) and of
     ``ray_processes()`` that still runs under the same name; how many were killed. Workers
     and agents orphaned by a dead raylet are no longer below this process, hence ``known``."""
-    import signal
-
     targets = {**known, **ray_processes()}
-    killed = 0
-    for pid, name in targets.items():
-        if _comm(pid) == name:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-    return killed
+    return _sigkill(pid for pid, name in targets.items() if _comm(pid) == name)
 
 
 def stop_ray(ray: Any, known: Mapping[int, str] | None = None) -> int:

@@ -148,20 +148,58 @@ def counted_statistic(values: np.ndarray, counts: np.ndarray, stat: str) -> floa
     return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
+_SUMMARY_PERCENTILES = [percentile_of(s) for s in STATISTICS if s not in ("mean", "median")]
+
+
 def summarize(values: np.ndarray) -> dict[str, float]:
-    """mean, median, p90, p95, p99 of ``values`` (NaN for each when empty)."""
-    return {stat: statistic(values, stat) for stat in STATISTICS}
+    """mean, median, p90, p95, p99 of ``values`` (NaN for each when empty): ``statistic``'s
+    numbers bit for bit. The mean is summed in the sample's own order; the median and the
+    three percentiles partition one copy of it in place (``overwrite_input``), the
+    percentiles in one ``np.percentile`` call: each is numpy's same arithmetic on the same
+    order statistics, which do not depend on how the copy was left arranged."""
+    if len(values) == 0:
+        return {stat: math.nan for stat in STATISTICS}
+    mean = float(np.mean(values))
+    work = np.array(values)  # a copy, of the sample's own dtype
+    median = float(np.median(work, overwrite_input=True))
+    p90, p95, p99 = (float(v) for v in np.percentile(work, _SUMMARY_PERCENTILES,
+                                                     overwrite_input=True))
+    return {"mean": mean, "median": median, "p90": p90, "p95": p95, "p99": p99}
 
 
-def _itl_gaps(token_times: pd.Series, finished: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Each request's gaps between successive output tokens (ms); empty when it did not
-    finish or its token times are unknown."""
-    gaps = []
+def _itl_gaps(token_times: pd.Series, finished: np.ndarray,
+              ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+    """The pooled ITL sample (ms: every gap between successive output tokens of every
+    finished request with known token times, in request order) and each request's own gaps
+    as views into it (empty when it did not finish or its token times are unknown): per
+    request ``np.diff``'s int64 subtraction and the division by 1e6, written into one array
+    (no per-request array kept, no concatenation later; large temporaries would cost a page
+    fault per 4 KiB each time, as glibc returns big blocks to the kernel at once)."""
+    runs = []
+    total = 0
     for t, done in zip(token_times, finished, strict=True):
         known = t is not None and not (isinstance(t, float) and math.isnan(t)) and len(t) > 1
-        gaps.append(np.diff(np.asarray(t, dtype=np.int64)) / _NS_PER_MS if done and known
-                    else np.empty(0))
-    return tuple(gaps)
+        if done and known:
+            run = np.asarray(t, dtype=np.int64)
+            runs.append(run)
+            total += len(run) - 1
+        else:
+            runs.append(None)
+    pooled = np.empty(total)
+    empty = np.empty(0)
+    gaps: list[np.ndarray] = []
+    start = 0
+    for run in runs:
+        if run is None:
+            gaps.append(empty)
+            continue
+        end = start + len(run) - 1
+        gap = pooled[start:end]
+        np.true_divide(np.subtract(run[1:], run[:-1]), _NS_PER_MS, out=gap)
+        gaps.append(gap)
+        start = end
+    pooled.flags.writeable = False  # ``RequestMetrics.sample`` hands it out as is
+    return pooled, tuple(gaps)
 
 
 def _check_columns(df: pd.DataFrame) -> None:
@@ -193,6 +231,8 @@ class RequestMetrics:
     tpot_ms: np.ndarray
     e2el_ms: np.ndarray
     itl_ms: tuple[np.ndarray, ...]
+    # The pooled ITL sample itself (``itl_ms`` are views into it), or None to pool ``itl_ms``.
+    itl_pooled_ms: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.finished)
@@ -201,6 +241,8 @@ class RequestMetrics:
         """The run's sample of ``metric`` (``ttft``, ``tpot``, ``itl``, ``e2el``): finished
         requests only, TPOT of multi-token ones only, ITL pooled over every gap."""
         if metric == "itl":
+            if self.itl_pooled_ms is not None:
+                return self.itl_pooled_ms
             gaps = [g for g in self.itl_ms if len(g)]
             return np.concatenate(gaps) if gaps else np.empty(0)
         values = getattr(self, f"{metric}_ms")
@@ -258,15 +300,16 @@ def per_request(requests_df: pd.DataFrame, view: str = "engine") -> RequestMetri
     e2el = np.where(finished, (finish - start) / _NS_PER_MS, nan)
     multi = finished & (out_len > 1)
     tpot = np.where(multi, (e2el - ttft) / np.maximum(out_len - 1, 1), nan)
-    itl = (_itl_gaps(requests_df[tokens_col], finished)
-           if tokens_col in requests_df.columns else (np.empty(0),) * len(finished))
+    pooled, itl = (_itl_gaps(requests_df[tokens_col], finished)
+                   if tokens_col in requests_df.columns
+                   else (np.empty(0), (np.empty(0),) * len(finished)))
     sent = "send_ns" if "send_ns" in requests_df.columns else "arrival_ns"
     return RequestMetrics(
         request_id=ids, finished=finished,
         arrival_ns=requests_df[sent].to_numpy(dtype=np.float64),
         finish_ns=np.where(finished, finish, nan),
         prompt_len=requests_df["prompt_len"].to_numpy(dtype=np.int64), output_len=out_len,
-        ttft_ms=ttft, tpot_ms=tpot, e2el_ms=e2el, itl_ms=itl,
+        ttft_ms=ttft, tpot_ms=tpot, e2el_ms=e2el, itl_ms=itl, itl_pooled_ms=pooled,
     )
 
 

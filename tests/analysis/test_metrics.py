@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 from analysis.metrics import (
     METRIC_KEYS,
     VALIDATION_METRICS,
+    _itl_gaps,
     compare,
     compute_metrics,
     diff_pct,
     format_comparison,
     metric_label,
+    statistic,
+    summarize,
 )
 from engine.specs import ConfigError
 
@@ -234,3 +237,52 @@ def test_client_view_reads_the_client_columns_from_the_send_time():
     assert m["duration_s"] == pytest.approx(106 * MS / 1e9)  # first send to last receipt
     engine = compute_metrics(df, view="engine")
     assert engine["ttft_ms_mean"] == pytest.approx((30 + 45) / 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.lists(st.floats(-1e9, 1e9, allow_nan=False), max_size=300),
+                 st.lists(st.floats(), max_size=40),
+                 st.lists(st.integers(-10**15, 10**15), max_size=100)))
+def test_summarize_is_statistic_bit_for_bit(values):
+    """summarize's shared partition gives the per-statistic numpy calls exactly (NaN, inf
+    and int samples included), and leaves the sample as it was."""
+    sample = np.array(values, dtype=np.float64 if all(isinstance(v, float) for v in values)
+                      else np.int64)
+    before = sample.copy()
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf in numpy's lerp
+        got = summarize(sample)
+        want_all = {stat: statistic(sample, stat) for stat in got}
+    assert sample.tobytes() == before.tobytes()
+    for stat in ("mean", "median", "p90", "p95", "p99"):
+        want = want_all[stat]
+        assert (math.isnan(got[stat]) and math.isnan(want)) or got[stat] == want, stat
+
+
+_token_run = st.one_of(
+    st.none(),
+    st.just(float("nan")),
+    # epoch-like ns (a ground truth's clock): float64 subtraction would lose the last digits
+    st.tuples(st.integers(0, 2 * 10**18), st.lists(st.integers(0, 10**6), max_size=12)).map(
+        lambda bd: bd[0] + np.cumsum(bd[1], dtype=np.int64)),
+    st.lists(st.integers(0, 10**6), max_size=6).map(lambda d: list(np.cumsum(d).tolist())),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_token_run, st.booleans()), max_size=30))
+def test_itl_gaps_equal_one_diff_per_request(rows):
+    """The pooled ITL sample and each request's gaps are those of a per-request np.diff
+    (the definition), in request order, with unknown or unfinished requests empty."""
+    times = pd.Series([t for t, _ in rows], dtype=object)
+    finished = np.array([d for _, d in rows], dtype=bool)
+    pooled, gaps = _itl_gaps(times, finished)
+    want = []
+    for (t, done), got in zip(rows, gaps, strict=True):
+        known = t is not None and not (isinstance(t, float) and math.isnan(t)) and len(t) > 1
+        expect = np.diff(np.asarray(t, dtype=np.int64)) / MS if done and known else np.empty(0)
+        assert got.tobytes() == expect.tobytes()
+        if len(expect):
+            want.append(expect)
+    expect_pooled = np.concatenate(want) if want else np.empty(0)
+    assert pooled.tobytes() == expect_pooled.tobytes()
+    assert not pooled.flags.writeable

@@ -11,7 +11,6 @@ import os
 import traceback
 from typing import Any
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
 from hydra.types import HydraContext, TaskFunction
@@ -47,7 +46,8 @@ class JobRunner:
         if state_key != self._state_key:  # the same for every job of one launch
             Singleton.set_state(singleton_state)
             self._state_key = state_key
-        HydraConfig.instance().set_config(sweep_config)
+        # No HydraConfig.set_config here: run_job installs the job's config itself first
+        # (hydra/core/utils.py), and the config was composed in the driver.
         ret = run_job(
             hydra_context=hydra_context,
             task_function=task_function,

@@ -117,3 +117,4 @@ class MlflowSink:
             if path.is_file():
                 self.tracker.log_artifact(self.parent_id, path)
         self.tracker.finish(self.parent_id, status)
+        self.tracker.close()  # the store's file holds every run now (``Tracker.close``)

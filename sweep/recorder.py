@@ -423,6 +423,7 @@ class SweepRecorder:
                 ok = False
             self.claims.release(self.parent_id)
         self.claims.stop()
+        self.tracker.close()  # every write is done: the store's file now holds them all
         return ok
 
     # --------------------------------------------------------------------- helpers

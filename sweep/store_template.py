@@ -57,7 +57,7 @@ def _make_template(path: Path) -> None:
     try:
         client = MlflowClient(tracking_uri=f"sqlite:///{tmp}")
         client.search_experiments()  # the store is created (tables, migrations) on first use
-        _dispose(client)
+        dispose_client(client)
         with sqlite3.connect(tmp) as con:
             runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
             experiments = con.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
@@ -69,8 +69,10 @@ def _make_template(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _dispose(client: object) -> None:
-    """Close the SQLAlchemy engine of ``client``'s store (its file is renamed next)."""
+def dispose_client(client: object) -> None:
+    """Close every connection of the SQLAlchemy engine behind the MLflow ``client``'s store
+    (here before the template file is renamed; ``Tracker.close`` at the end of a run, where
+    closing the last connection checkpoints sqlite's write-ahead log into the file)."""
     store = getattr(getattr(client, "_tracking_client", None), "store", None)
     engine = getattr(store, "engine", None)
     if engine is not None:

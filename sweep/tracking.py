@@ -16,6 +16,7 @@ tracebacks, so its retries are cut to one short attempt here and ours take over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -150,7 +151,7 @@ class Tracker:
             self.experiment_id = (exp.experiment_id if exp
                                   else self.client.create_experiment(experiment))
             if db is not None:
-                with sqlite3.connect(db) as con:
+                with contextlib.closing(sqlite3.connect(db)) as con:
                     con.execute("PRAGMA journal_mode=WAL")
             self._context_tags = _context_tags()
         except Exception as err:  # first contact: one message, not MLflow's traceback chain
@@ -251,6 +252,27 @@ class Tracker:
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.retry.call(f"log_text {name} to run {run_id}",
                         lambda: self.client.log_text(run_id, text, name))
+
+    def close(self) -> None:
+        """Close the store's pooled connections once the last write is done and, for a
+        sqlite store, checkpoint its write-ahead log (``journal_mode=WAL``, set above) into
+        the database file and empty it (``wal_checkpoint(TRUNCATE)``), so the file alone
+        holds every run: until then the runs are in ``<db>-wal``, which a copy of the file
+        alone would miss, and sqlite checkpoints by itself only when its last connection
+        closes cleanly (the driver's heap is frozen, ``sweep.gc_policy``, so nothing closes
+        the ones outside the pool before the process ends). The tracker may be used again
+        after: the engine opens new connections on demand."""
+        from sweep.store_template import dispose_client
+
+        dispose_client(self.client)
+        db = sqlite_path(self.uri)
+        if db is None:
+            return
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            busy, _, _ = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:
+            log.warning(f"{db}: the write-ahead log could not be checkpointed (another "
+                        "process reads the store); its runs stay in the log until it can be")
 
     def finish(self, run_id: str, status: str) -> None:
         self.retry.call(f"set run {run_id} {status}",

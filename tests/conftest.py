@@ -46,7 +46,7 @@ def mlflow_template(tmp_path_factory) -> Path:
     from sweep.tracking import Tracker
 
     path = tmp_path_factory.mktemp("mlflow") / "template.db"
-    Tracker(f"sqlite:///{path}", "template")
+    Tracker(f"sqlite:///{path}", "template").close()  # the file alone holds the store
     return path
 
 

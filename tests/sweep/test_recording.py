@@ -5,6 +5,8 @@ bit-identical; resume, infeasible points and the exit code work the same way."""
 from __future__ import annotations
 
 import math
+import sqlite3
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -117,3 +119,21 @@ def test_an_objective_hands_the_sweeper_one_number(tmp_path, store):
     values = [r.return_value for r in returns]
     rows = table(tmp_path / "s")
     assert math.isnan(values[0]) and values[1] == rows.loc[1, "ttft_ms_p99"] > 0
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_store_file_alone_holds_the_runs(tmp_path, store):
+    """Once a sweep ends its store's connections are closed: sqlite's write-ahead log is
+    checkpointed into the database file and removed, so a copy of the file alone has every
+    run (the driver's frozen heap would otherwise keep them open until the process ends)."""
+    run_sweep(tmp_path / "s", ["workload.num_requests=40", "tracking.plots=false",
+                               "hydra/launcher=basic", "tracking.experiment=whole_file",
+                               f"tracking.uri={store}", "workload.rate=1,2"])
+    db = Path(store.removeprefix("sqlite:///"))
+    wal = Path(f"{db}-wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    with sqlite3.connect(f"file:{db}?immutable=1", uri=True) as con:
+        (runs,) = con.execute(
+            "SELECT COUNT(*) FROM runs JOIN experiments USING (experiment_id) "
+            "WHERE experiments.name = 'whole_file' AND runs.status = 'FINISHED'").fetchone()
+    assert runs == 3  # the parent and both points

@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sweep.claims import Claims, Decision, PointClaim
 from sweep.config_hash import HASH_KEY, point_hash
-from sweep.gc_policy import long_lived
+from sweep.gc_policy import launch_ended, long_lived
 from sweep.tracking import TrackingError, TrackingWriteError, finite_metrics
 
 log = logging.getLogger(__name__)
@@ -368,6 +368,7 @@ class SweepRecorder:
             problems.append(f"{missing_disk} point(s) missing from {self.sweep_dir}")
         if path is None:
             problems.append(f"the results table {self.sweep_dir / RESULTS_FILE} was not written")
+        launch_ended()  # what this launch made may be garbage now (sweep.gc_policy)
         if not problems:
             return None
         return ("; ".join(problems) + ". The finished results that were recorded are kept; "

@@ -137,11 +137,12 @@ class RayProbePool:
                  max_worker_rss_mib: float = MAX_WORKER_RSS_MIB) -> None:
         import ray
 
+        from hydra_plugins.ray_actor_launcher.ray_cluster import is_local, ray_processes, start_ray
+
         self._ray = ray
+        self._address = address
         self._started = False
         if not ray.is_initialized():
-            from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray
-
             # "local" starts a private loopback-only Ray even if another one runs here.
             start_ray(ray, address, {"object_store_memory": 200 * 1024**2, "log_to_driver": True})
             self._started = True
@@ -151,6 +152,9 @@ class RayProbePool:
         self.probe_timeout_s = probe_timeout_s
         self._actors = [self._remote.remote() for _ in range(self.size)]
         ray.get([a.pid.remote() for a in self._actors], timeout=ready_timeout_s)
+        # The local Ray's processes once its workers run (by name and start time): close()
+        # also finds those a dead raylet orphaned.
+        self._ray_pids = ray_processes() if self._started and is_local(address) else {}
         self._idle: deque[Any] = deque(self._actors)
         self._queue: deque[tuple[Any, str, tuple[Any, ...]]] = deque()
         self._running: dict[Any, tuple[Any, Any, float]] = {}  # ref -> key, actor, start
@@ -226,13 +230,11 @@ class RayProbePool:
         self._idle.append(fresh)
 
     def close(self) -> None:
-        for actor in self._actors:
-            self._ray.kill(actor)
-        self._actors.clear()
-        if self._started:
-            from hydra_plugins.ray_actor_launcher.ray_cluster import stop_ray
+        """Kill the workers and stop the Ray this pool started (``ray_cluster.release_ray``:
+        a local one with every process of ours, a cluster only disconnected from)."""
+        from hydra_plugins.ray_actor_launcher.ray_cluster import release_ray
 
-            self._started = False
-            left = stop_ray(self._ray)
-            if left:
-                log.warning(f"killed {left} Ray process(es) left after shutdown")
+        stop, self._started = self._started, False
+        release_ray(self._ray, self._actors, stop=stop, address=self._address,
+                    known=self._ray_pids)
+        self._actors.clear()

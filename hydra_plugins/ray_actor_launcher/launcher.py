@@ -65,7 +65,7 @@ class RayActorLauncher(Launcher):
         self.hydra_context: HydraContext | None = None
         self.task_function: TaskFunction | None = None
         self._started_ray = False
-        self._ray_pids: dict[int, str] = {}
+        self._ray_pids: dict[int, Any] = {}  # ray_cluster.RayProcess by pid
         self._startup: RayOwner | None = None
         self._actors: list[Any] = []
         self._remote_cls: Any = None
@@ -380,10 +380,12 @@ class RayActorLauncher(Launcher):
 
     def _cluster_health(self, ray: Any) -> Callable[[], str | None] | None:
         """For a local Ray started here: a check that names the dead head process (raylet
-        or GCS) once one has exited, else None. It also keeps ``self._ray_pids`` current,
-        so teardown can find workers a dead raylet orphaned."""
+        or GCS) once one has exited, else None. It also keeps ``self._ray_pids`` current
+        (the processes still running, by name and start time), so teardown can find workers
+        a dead raylet orphaned and never takes a reused pid for one of them."""
         from hydra_plugins.ray_actor_launcher.ray_cluster import (
             RAY_HEADS,
+            alive,
             is_local,
             pid_alive,
             ray_processes,
@@ -392,30 +394,27 @@ class RayActorLauncher(Launcher):
         if not (self._started_ray and is_local(self.params.address)):
             return None
         self._ray_pids = ray_processes()
-        heads = {pid: name for pid, name in self._ray_pids.items() if name in RAY_HEADS}
+        heads = {pid: p.name for pid, p in self._ray_pids.items() if p.name in RAY_HEADS}
 
         def check() -> str | None:
             for pid, name in heads.items():
                 if not pid_alive(pid):
                     return f"the local Ray cluster is gone: its {name} (pid {pid}) exited"
-            self._ray_pids.update(ray_processes())
+            self._ray_pids = alive({**self._ray_pids, **ray_processes()})
             return None
 
         return check
 
     def _stop_ray(self, ray: Any, actors: list[Any]) -> None:
-        """Kill the actors and, if this launcher started Ray, shut it down; then kill any Ray
-        process of ours still alive (a dead head leaves orphans that ``shutdown`` misses)."""
-        from hydra_plugins.ray_actor_launcher.ray_cluster import stop_ray
+        """Kill the actors and, if this launcher started Ray (``shutdown_ray``), stop it: a
+        local one with every process of ours (``ray_cluster.release_ray``), a cluster
+        attached to only disconnected from."""
+        from hydra_plugins.ray_actor_launcher.ray_cluster import release_ray
 
-        for actor in actors:
-            with contextlib.suppress(Exception):  # a dead cluster cannot kill its actors
-                ray.kill(actor)
-        if self._started_ray and self.params.shutdown_ray:
+        stop = self._started_ray and bool(self.params.shutdown_ray)
+        if stop:
             self._started_ray = False
-            left = stop_ray(ray, self._ray_pids)
-            if left:
-                log.warning(f"killed {left} Ray process(es) left after shutdown")
+        release_ray(ray, actors, stop=stop, address=self.params.address, known=self._ray_pids)
 
     def _ensure_ray(self, ray: Any) -> None:
         if ray.is_initialized():

@@ -21,13 +21,16 @@ and warns when it says ``disabled``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
 import ipaddress
 import logging
 import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +116,19 @@ def _is_loopback(host: str) -> bool:
 
 
 # ------------------------------------------------------------------ processes
-def _stat_fields(stat: Path) -> list[str] | None:
-    """The fields of a ``/proc/<pid>/stat`` after ``(comm)`` (state, ppid, ...), or None when
-    the process is gone; comm may hold spaces and parentheses."""
+def _stat(stat: Path) -> tuple[str, list[str]] | None:
+    """A ``/proc/<pid>/stat``: ``comm`` and the fields after it (state, ppid, ...), or None
+    when the process is gone; comm may hold spaces and parentheses."""
     try:
-        return stat.read_text().rsplit(")", 1)[1].split()
+        head, _, rest = stat.read_text().rpartition(")")
     except OSError:
         return None
+    return head.partition("(")[2], rest.split()
+
+
+def _stat_fields(stat: Path) -> list[str] | None:
+    read = _stat(stat)
+    return None if read is None else read[1]
 
 
 def pid_alive(pid: int) -> bool:
@@ -225,38 +234,59 @@ def describe(listeners: Iterable[tuple[int, str, int]]) -> str:
 RAY_HEADS = ("raylet", "gcs_server")
 
 
-def _comm(pid: int) -> str | None:
+class RayProcess(NamedTuple):
+    """A process as ``/proc`` names it: its ``comm`` and its start time (clock ticks after
+    boot, ``/proc/<pid>/stat`` field 22). The pair tells a process from a later one that
+    reuses its pid."""
+
+    name: str
+    started: int
+
+
+def process_identity(pid: int) -> RayProcess | None:
+    """``pid``'s name and start time, or None when it is gone (or has exited: a zombie)."""
+    read = _stat(Path(f"/proc/{pid}/stat"))
+    if read is None or not read[1] or read[1][0] == "Z":
+        return None
+    return RayProcess(read[0], int(read[1][19]))
+
+
+@functools.cache
+def ray_package_dir() -> bytes:
+    """Where the installed ``ray`` package lives (found without importing it), as the bytes
+    Ray puts in its Python processes' command lines (``ray._private.services`` builds them
+    from ``RAY_PATH``, the package's directory): site-packages, dist-packages or a source
+    tree alike."""
+    spec = importlib.util.find_spec("ray")
+    origin = spec.origin if spec is not None else None
+    return os.fsencode(Path(origin).parent) if origin else b"/ray"
+
+
+def _cmdline(pid: int) -> bytes | None:
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
 
 
-def _is_ray_process(pid: int, comm: str) -> bool:
-    if comm in RAY_HEADS or comm.startswith("ray::"):
+def _is_ray_process(name: str, cmdline: bytes | None) -> bool:
+    if name in RAY_HEADS or name.startswith("ray::"):
         return True
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"/site-packages/ray/" in cmdline
+    return cmdline is not None and ray_package_dir() + b"/" in cmdline
 
 
-def ray_processes(root: int | None = None) -> dict[int, str]:
-    """``{pid: name}`` of the Ray processes below ``root`` (default: this process): GCS,
-    raylet, agents, monitors and workers that a local ``ray.init`` started."""
+def ray_processes(root: int | None = None) -> dict[int, RayProcess]:
+    """The Ray processes below ``root`` (default: this process), by pid: GCS, raylet,
+    agents, monitors and workers that a local ``ray.init`` started."""
     root = root or os.getpid()
     if not Path("/proc").is_dir():
         return {}
     out = {}
     for pid in process_tree(root) - {root}:
-        comm = _comm(pid)
-        if comm is not None and _is_ray_process(pid, comm):
-            out[pid] = comm
+        ident = process_identity(pid)
+        if ident is not None and _is_ray_process(ident.name, _cmdline(pid)):
+            out[pid] = ident
     return out
-
-
-AUTOSCALER_MONITOR = b"/site-packages/ray/autoscaler/"  # monitor.py (v1 and v2) lives here
 
 
 def kill_autoscaler_monitor() -> int:
@@ -268,23 +298,24 @@ def kill_autoscaler_monitor() -> int:
     ``wait_timeout_seconds`` (1 s): a second of every sweep's teardown. Killed first it is
     gone at once, with the same end (SIGKILL) and nothing lost: a single-machine Ray has
     nothing to scale. ``stop_ray`` does it."""
-    monitors = []
-    for pid in ray_processes():
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if AUTOSCALER_MONITOR in cmdline and b"monitor.py" in cmdline:
-            monitors.append(pid)
-    return _sigkill(monitors)
+    monitor = ray_package_dir() + b"/autoscaler/"  # monitor.py (v1 and v2) lives here
+    found = {}
+    for pid, ident in ray_processes().items():
+        cmdline = _cmdline(pid)
+        if cmdline is not None and monitor in cmdline and b"monitor.py" in cmdline:
+            found[pid] = ident
+    return _sigkill(found)
 
 
-def _sigkill(pids: Iterable[int]) -> int:
-    """SIGKILL each of ``pids``; how many were still there to kill."""
+def _sigkill(targets: Mapping[int, RayProcess]) -> int:
+    """SIGKILL each process of ``targets`` that is still the one recorded (same name and
+    start time: a pid reused since is left alone); how many were killed."""
     import signal
 
     killed = 0
-    for pid in pids:
+    for pid, ident in targets.items():
+        if process_identity(pid) != ident:
+            continue
         try:
             os.kill(pid, signal.SIGKILL)
             killed += 1
@@ -293,15 +324,19 @@ def _sigkill(pids: Iterable[int]) -> int:
     return killed
 
 
-def kill_ray_processes(known: dict[int, str]) -> int:
-    """SIGKILL every process of ``known`` (pid -> name, as ``ray_processes`` gave it) and of
-    ``ray_processes()`` that still runs under the same name; how many were killed. Workers
-    and agents orphaned by a dead raylet are no longer below this process, hence ``known``."""
-    targets = {**known, **ray_processes()}
-    return _sigkill(pid for pid, name in targets.items() if _comm(pid) == name)
+def alive(known: Mapping[int, RayProcess]) -> dict[int, RayProcess]:
+    """The processes of ``known`` that still run (the same process, not a reused pid)."""
+    return {pid: ident for pid, ident in known.items() if process_identity(pid) == ident}
 
 
-def stop_ray(ray: Any, known: Mapping[int, str] | None = None) -> int:
+def kill_ray_processes(known: Mapping[int, RayProcess]) -> int:
+    """SIGKILL every process of ``known`` (as ``ray_processes`` gave them) and of
+    ``ray_processes()`` that still runs; how many were killed. Workers and agents orphaned
+    by a dead raylet are no longer below this process, hence ``known``."""
+    return _sigkill({**known, **ray_processes()})
+
+
+def stop_ray(ray: Any, known: Mapping[int, RayProcess] | None = None) -> int:
     """Shut down the local Ray this process started: its autoscaler monitor first
     (``kill_autoscaler_monitor``), then ``ray.shutdown()``, then SIGKILL for any Ray process
     of ours still alive (``kill_ray_processes`` over ``known`` and this process's children:
@@ -312,3 +347,23 @@ def stop_ray(ray: Any, known: Mapping[int, str] | None = None) -> int:
     finally:
         left = kill_ray_processes(dict(known or {}))
     return left
+
+
+def release_ray(ray: Any, actors: Iterable[Any], *, stop: bool, address: str | None,
+                known: Mapping[int, RayProcess] | None = None) -> None:
+    """The end of a launcher's or a probe pool's use of Ray: kill its actors (a dead
+    cluster cannot, which is ignored); with ``stop``, a local Ray (``is_local(address)``)
+    this process started is stopped with ``stop_ray`` and what was left is logged, while a
+    cluster attached to is only disconnected from (``ray.shutdown()``: its processes are
+    not ours to kill)."""
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor)
+    if not stop:
+        return
+    if not is_local(address):
+        ray.shutdown()
+        return
+    left = stop_ray(ray, known)
+    if left:
+        log.warning(f"killed {left} Ray process(es) left after shutdown")

@@ -64,19 +64,26 @@ def test_process_tree_holds_children():
         child.wait()
 
 
+def _stand_in(script: str) -> subprocess.Popen:
+    """A sleeping process named as Ray names its Python processes: the script's path under
+    the installed ray package is in its command line."""
+    path = os.fsdecode(ray_cluster.ray_package_dir()) + "/" + script
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", path])
+
+
+def _wait_listed(*procs: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 10
+    while not ({p.pid for p in procs} <= set(ray_cluster.ray_processes())):
+        assert time.monotonic() < deadline, "the stand-ins never showed up in /proc"
+        time.sleep(0.01)
+
+
 @linux_only
-def test_kill_autoscaler_monitor_kills_the_monitor_only(tmp_path):
-    # Stand-ins named as Ray's processes are (the script path is in the command line).
-    sleep = "import time; time.sleep(60)"
-    monitor = subprocess.Popen([sys.executable, "-c", sleep,
-                                "/x/site-packages/ray/autoscaler/_private/monitor.py"])
-    log_monitor = subprocess.Popen([sys.executable, "-c", sleep,
-                                    "/x/site-packages/ray/_private/log_monitor.py"])
+def test_kill_autoscaler_monitor_kills_the_monitor_only():
+    monitor = _stand_in("autoscaler/_private/monitor.py")
+    log_monitor = _stand_in("_private/log_monitor.py")
     try:
-        deadline = time.monotonic() + 10
-        while not ({monitor.pid, log_monitor.pid} <= set(ray_cluster.ray_processes())):
-            assert time.monotonic() < deadline, "the stand-ins never showed up in /proc"
-            time.sleep(0.01)
+        _wait_listed(monitor, log_monitor)
         assert ray_cluster.kill_autoscaler_monitor() == 1
         assert monitor.wait(timeout=10) == -9
         assert log_monitor.poll() is None
@@ -84,6 +91,63 @@ def test_kill_autoscaler_monitor_kills_the_monitor_only(tmp_path):
         for proc in (monitor, log_monitor):
             proc.kill()
             proc.wait()
+
+
+@linux_only
+def test_a_reused_pid_is_not_killed():
+    """The leftovers' sweep kills a recorded pid only while it is the process recorded: the
+    same name and start time (a pid may be reused by another process during a sweep)."""
+    worker = _stand_in("_private/workers/default_worker.py")
+    try:
+        _wait_listed(worker)
+        ident = ray_cluster.process_identity(worker.pid)
+        assert ident is not None
+        later = ray_cluster.RayProcess(ident.name, ident.started + 1)  # same pid, another start
+        assert ray_cluster._sigkill({worker.pid: later}) == 0
+        assert ray_cluster.alive({worker.pid: later}) == {}
+        assert worker.poll() is None
+        assert ray_cluster.kill_ray_processes({worker.pid: ident}) == 1
+        assert worker.wait(timeout=10) == -9
+        assert ray_cluster.alive({worker.pid: ident}) == {}
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+class _Actors:
+    """``ray`` for ``release_ray``: records kills (which may fail) and shutdowns."""
+
+    def __init__(self, kill_fails: bool = False) -> None:
+        self.calls: list[str] = []
+        self.kill_fails = kill_fails
+
+    def kill(self, actor):
+        self.calls.append(f"kill {actor}")
+        if self.kill_fails:
+            raise RuntimeError("the cluster is gone")
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+
+def test_release_ray_stops_a_local_ray_with_its_leftovers(monkeypatch, caplog):
+    stopped = []
+    monkeypatch.setattr(ray_cluster, "stop_ray", lambda ray, known: stopped.append(known) or 2)
+    fake = _Actors(kill_fails=True)  # a dead cluster: the kills fail, the stop still runs
+    known = {7: ray_cluster.RayProcess("raylet", 1)}
+    ray_cluster.release_ray(fake, ["a", "b"], stop=True, address="local", known=known)
+    assert fake.calls == ["kill a", "kill b"] and stopped == [known]
+    assert "killed 2 Ray process(es) left after shutdown" in caplog.text
+
+
+def test_release_ray_only_disconnects_from_a_cluster(monkeypatch):
+    monkeypatch.setattr(ray_cluster, "stop_ray", lambda *a: pytest.fail("a cluster's Ray"))
+    fake = _Actors()
+    ray_cluster.release_ray(fake, ["a"], stop=True, address="auto", known={})
+    assert fake.calls == ["kill a", "shutdown"]
+    fake = _Actors()
+    ray_cluster.release_ray(fake, ["a"], stop=False, address="local")
+    assert fake.calls == ["kill a"]
 
 
 class FakeRay:
@@ -150,7 +214,8 @@ def test_sweep_ray_listens_on_loopback_only(tmp_path):
     while proc.poll() is None and time.monotonic() < deadline:
         tree = process_tree(proc.pid)
         for pid, _host, _port in listening_sockets(tree):
-            seen.add(ray_cluster._comm(pid) or "?")
+            ident = ray_cluster.process_identity(pid)
+            seen.add(ident.name if ident is not None else "?")
         exposed += non_loopback_listeners(proc.pid)
         time.sleep(0.2)
     out, _ = proc.communicate(timeout=60)

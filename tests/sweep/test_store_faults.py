@@ -239,7 +239,7 @@ def test_losing_the_local_head_ends_with_our_message_and_the_table(tmp_path):
     held = _sweep_cmd(*points, *hold_overrides(release, 2))
     driver = subprocess.Popen(held, cwd=tmp_path, env=sweep_env(), stdout=log.open("w"),
                               stderr=subprocess.STDOUT, start_new_session=True)
-    seen: dict[int, str] = {}
+    seen: dict = {}  # pid -> ray_cluster.RayProcess
     try:
         deadline = time.monotonic() + 240
         while ((finished_points(tmp_path / "mlflow.db") < 2 or 2 not in held_jobs(release))
@@ -248,7 +248,7 @@ def test_losing_the_local_head_ends_with_our_message_and_the_table(tmp_path):
             seen.update(ray_processes(driver.pid))
             time.sleep(0.3)
         seen.update(ray_processes(driver.pid))
-        raylet = [pid for pid, name in seen.items() if name == "raylet"]
+        raylet = [pid for pid, proc in seen.items() if proc.name == "raylet"]
         assert raylet, seen
         os.kill(raylet[0], signal.SIGKILL)
         t0 = time.monotonic()

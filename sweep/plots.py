@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 
 class _SeriesFigure:
     """The time-series figure, built once per process and refilled for each point: creating
-    the figure, axes, legends and ticks costs about as much as rendering it, and an actor
-    plots every point it runs."""
+    the figure, axes, legends and ticks costs about as much as rendering it, and the
+    driver's recorder plots every point of a sweep."""
 
     PANELS = (("running", "waiting"), ("kv_usage_pct",), ("prompt_throughput", "gen_throughput"))
 
@@ -57,7 +57,8 @@ _FIGURE: _SeriesFigure | None = None
 
 def timeseries_png(series: Mapping[str, Sequence[float]], title: str) -> bytes:
     """Running/waiting requests, KV-cache usage and token throughput over simulated time,
-    as PNG bytes (rendered where the job runs, so the driver only stores it)."""
+    as PNG bytes. The sweep driver's recorder draws it (``SweepRecorder._plot``), so the
+    actors never import matplotlib."""
     global _FIGURE
     if _FIGURE is None:
         _FIGURE = _SeriesFigure()

@@ -1,7 +1,7 @@
 # C types for engine/block_pool.py (compiled by setup.py; the .py is the implementation).
 cimport cython
 
-cdef int _EMPTY, _GONE
+cdef unsigned long long _EMPTY
 
 cdef class BlockPool:
     cdef public Py_ssize_t num_blocks
@@ -14,11 +14,9 @@ cdef class BlockPool:
     cdef int[::1] _next
     cdef int[::1] _prev
     cdef public Py_ssize_t num_free
-    cdef unsigned long long[::1] _ikeys
-    cdef int[::1] _ivals
+    cdef unsigned long long[::1] _itab
     cdef Py_ssize_t _imask
     cdef Py_ssize_t _ilive
-    cdef Py_ssize_t _ifill
     cdef dict _dupes
     cdef public long long num_evictions
 
@@ -28,15 +26,14 @@ cdef class BlockPool:
     cdef inline void _unlink(self, Py_ssize_t b)
     @cython.locals(sentinel=int, tail=int)
     cdef inline void _append(self, Py_ssize_t b)
-    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v=int)
+    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v="unsigned long long")
     cdef Py_ssize_t _find(self, unsigned long long h)
     @cython.locals(i=Py_ssize_t)
     cpdef Py_ssize_t lookup(self, unsigned long long h)
-    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v=int, free=Py_ssize_t)
+    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v="unsigned long long")
     cdef Py_ssize_t _index(self, unsigned long long h, Py_ssize_t b)
-    @cython.locals(keys="unsigned long long[::1]", vals="int[::1]", n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t,
-                   v=int)
-    cdef void _rehash(self)
+    @cython.locals(mask=Py_ssize_t, j=Py_ssize_t, v="unsigned long long", home=Py_ssize_t)
+    cdef void _unindex(self, Py_ssize_t i)
     @cython.locals(more=list, i=Py_ssize_t, h="unsigned long long", nxt=Py_ssize_t)
     cpdef _evict(self, Py_ssize_t b)
     @cython.locals(out=list)

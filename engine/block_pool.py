@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from array import array
 
-_EMPTY = -1  # prefix-index slot values besides block ids: never used ...
-_GONE = -2  # ... and used, its entry deleted (probes go on past it)
+_EMPTY = 0  # a prefix-index slot's value when it holds no entry (block 0 is never cached)
 
 
 class BlockPoolError(RuntimeError):
@@ -41,11 +40,9 @@ class BlockPool:
         "_next",
         "_prev",
         "num_free",
-        "_ikeys",
-        "_ivals",
+        "_itab",
         "_imask",
         "_ilive",
-        "_ifill",
         "_dupes",
         "num_evictions",
     )
@@ -80,16 +77,18 @@ class BlockPool:
         self.num_free = num_blocks - 1
         # The prefix-cache index, hash -> the first block inserted under it (returned on
         # lookup): an open-addressing table with linear probing over a power-of-two number of
-        # slots, at least twice the blocks (each cached block indexes at most one hash), so a
-        # probe is short; a slot's value is a block id, _EMPTY or _GONE (deleted). Further
-        # blocks carrying the same hash (cache_full_blocks does not de-duplicate) in
-        # ``_dupes``, in insertion order.
-        cap = 1 << (2 * num_blocks + 1).bit_length()
-        self._ikeys = array("Q", bytes(8 * cap))
-        self._ivals = array("i", [_EMPTY]) * cap
+        # slots, at least 1.5 times the blocks (each cached block indexes at most one hash),
+        # so the load stays under two thirds. Slot i is ``_itab[2i]`` (the hash) and
+        # ``_itab[2i + 1]`` (the block, _EMPTY: none), side by side so a probe reads one
+        # cache line; a deleted entry is filled by shifting its probe run back (no
+        # tombstones, no rehash: probes stay as short as the load allows). Further blocks
+        # carrying the same hash (cache_full_blocks does not de-duplicate) in ``_dupes``, in
+        # insertion order. Which slot holds which hash is the table's own affair: nothing
+        # reads the slots in order but ``cache_groups``, whose callers sort.
+        cap = 1 << (3 * num_blocks // 2).bit_length()
+        self._itab = array("Q", [0]) * (2 * cap)
         self._imask = cap - 1
         self._ilive = 0  # slots holding a block
-        self._ifill = 0  # slots holding a block or _GONE (probes stop only at _EMPTY)
         self._dupes: dict[int, list[int]] = {}
         self.num_evictions = 0
 
@@ -138,60 +137,58 @@ class BlockPool:
         mask = self._imask
         i = h & mask
         while True:
-            v = self._ivals[i]
+            v = self._itab[2 * i + 1]
             if v == _EMPTY:
                 return -1
-            if v != _GONE and self._ikeys[i] == h:
+            if self._itab[2 * i] == h:
                 return i
             i = (i + 1) & mask
 
     def lookup(self, h: int) -> int:
         """The block a prefix lookup of hash ``h`` finds (the first cached under it), or -1."""
         i = self._find(h)
-        return self._ivals[i] if i >= 0 else -1
+        if i < 0:
+            return -1
+        return self._itab[2 * i + 1]
 
     def _index(self, h: int, b: int) -> int:
         """Index block ``b`` under ``h`` unless ``h`` is indexed already; the block now
         indexed under ``h`` (``b``, or the earlier one)."""
         mask = self._imask
         i = h & mask
-        free = -1
         while True:
-            v = self._ivals[i]
+            v = self._itab[2 * i + 1]
             if v == _EMPTY:
                 break
-            if v == _GONE:
-                if free < 0:
-                    free = i
-            elif self._ikeys[i] == h:
+            if self._itab[2 * i] == h:
                 return v
             i = (i + 1) & mask
-        if free < 0:
-            free = i
-            self._ifill += 1
-        self._ikeys[free] = h
-        self._ivals[free] = b
-        self._slot[b] = free
+        self._itab[2 * i] = h
+        self._itab[2 * i + 1] = b
+        self._slot[b] = i
         self._ilive += 1
-        if 4 * self._ifill > 3 * (mask + 1):  # too few empty slots: drop the deleted ones
-            self._rehash()
         return b
 
-    def _rehash(self) -> None:
-        """Re-insert the live entries into an emptied table (deleted slots dropped)."""
-        keys = array("Q", [0]) * self._ilive
-        vals = array("i", [0]) * self._ilive
-        n = 0
-        for i in range(self._imask + 1):
-            v = self._ivals[i]
-            if v >= 0:
-                keys[n] = self._ikeys[i]
-                vals[n] = v
-                n += 1
-            self._ivals[i] = _EMPTY
-        self._ifill = self._ilive = 0
-        for j in range(n):
-            self._index(keys[j], vals[j])
+    def _unindex(self, i: int) -> None:
+        """Empty slot ``i`` and shift back the entries of its probe run that may move into
+        it (an entry stays where it is when its home slot lies cyclically in (hole, its
+        slot]), so every remaining hash is found by a probe from its home slot."""
+        mask = self._imask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            v = self._itab[2 * j + 1]
+            if v == _EMPTY:
+                break
+            home = self._itab[2 * j] & mask
+            if (i < home <= j) if i <= j else (home > i or home <= j):
+                continue
+            self._itab[2 * i] = self._itab[2 * j]
+            self._itab[2 * i + 1] = v
+            self._slot[v] = i
+            i = j
+        self._itab[2 * i + 1] = _EMPTY
+        self._ilive -= 1
 
     def blocks_with_hash(self, h: int) -> list[int]:
         """Every block carrying hash ``h``, the one lookups return first."""
@@ -202,8 +199,9 @@ class BlockPool:
 
     def cache_groups(self) -> list[list[int]]:
         """The prefix-cache index: per hash, its blocks (the one lookups return first)."""
-        keys, vals = self._ikeys, self._ivals
-        return [self.blocks_with_hash(keys[i]) for i in range(self._imask + 1) if vals[i] >= 0]
+        tab = self._itab
+        return [self.blocks_with_hash(tab[2 * i]) for i in range(self._imask + 1)
+                if tab[2 * i + 1] != _EMPTY]
 
     def num_cached_blocks(self) -> int:
         """Blocks that carry a hash (hit-able until evicted)."""
@@ -216,12 +214,11 @@ class BlockPool:
         i = self._slot[b]
         more = self._dupes.get(h) if self._dupes else None
         if more is None:  # the only block under h
-            self._ivals[i] = _GONE
-            self._ilive -= 1
+            self._unindex(i)
         else:
             if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
                 nxt = more.pop(0)
-                self._ivals[i] = nxt
+                self._itab[2 * i + 1] = nxt
                 self._slot[nxt] = i
             else:
                 more.remove(b)

@@ -1,7 +1,8 @@
 """The block pool's prefix-cache index (an open-addressing table in C columns) behaves as a
 dict from hash to the first block cached under it, whatever the probe sequences: hashes are
-drawn to collide on their low bits, and enough blocks are cached and evicted to purge deleted
-slots many times."""
+drawn to collide on their low bits, and enough blocks are cached and evicted that deletions
+shift long probe runs back many times (``check_invariants`` finds every live hash from its
+home slot and checks each block's slot)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from hypothesis import strategies as st
 
 from engine.block_pool import BlockPool
 
-# Few distinct low bits, many high ones (hashes that share a home slot), or anywhere (empty
-# slots keep filling with deleted entries until the table is purged).
+# Few distinct low bits, many high ones (hashes that share a home slot and make long probe
+# runs, wrapping around the table's end), or anywhere.
 HASHES = st.one_of(
     st.builds(lambda lo, hi: (hi << 40) | lo, st.integers(0, 3), st.integers(0, 2**23)),
     st.integers(0, 2**64 - 7),

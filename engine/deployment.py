@@ -36,7 +36,12 @@ ROLES = ("colocated", "prefill", "decode")
 # (prefill instance name, decode instance name, tokens whose KV moves) -> ns after the
 # prefill step ends until the decode instance holds the KV.
 KvTransfer = Callable[[str, str, int], int]
-# The batches of a DP group's members (None: idle) -> the shapes they run in one round.
+# The batches of a DP group's members (None: idle) -> the shapes they run in one round. A rule
+# reads the batches' token and sequence counts only and leaves a batch's decode fields
+# (num_decode, decode_kv_sum/min/max) as they are: padding the batches of a decode span's step
+# i is padding its step 0 and advancing each busy member's batch i tokens
+# (engine.batch.decode_advanced), which the engine's DP spans rely on to price rounds in bulk
+# (engine.instance.EngineUnit._plan_span; tests/profiles/test_parallel_latency.py checks it).
 DpPad = Callable[[list[BatchShape | None]], list[BatchShape]]
 
 

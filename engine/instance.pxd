@@ -2,6 +2,7 @@ cimport cython
 from engine.scheduler cimport Scheduler
 
 cdef long long _MAX_CHUNK
+cdef long long _NO_ROUND
 cdef long long _DEFER_STEPS
 
 cdef class StepLog:
@@ -13,10 +14,10 @@ cdef class StepLog:
     cdef public object gen_tokens
 
 cdef class SpanPlan:
-    cdef public object span
+    cdef public list spans
     cdef public list times
     cdef public list ends
-    cdef public long long first_prompt_tokens
+    cdef public list first_prompt
     cdef public object finish_at_c
     cdef public long long wake
     cdef Py_ssize_t _k
@@ -45,17 +46,28 @@ cdef class EngineUnit:
     @cython.locals(c="long long", h="long long")
     cpdef long long _overhead(self, long long t_gpu)
     cpdef _complete_oldest(self)
-    @cython.locals(sched=Scheduler, span_ok=bint, reach=object)
+    @cython.locals(it="long long", stage="long long", t_it="long long", t_st="long long",
+                   extra="long long")
+    cpdef tuple _round_ns(self, list shapes, list extra_ns)
+    @cython.locals(sched=Scheduler, span_ok=bint, single=bint, reach=object)
     cpdef poll(self, long long t, object horizon_ns=*, object defer_ns=*)
+    cpdef bint _kv_arrived(self)
     cpdef _decode_span(self, long long t, long long horizon)
     cpdef object _end_span(self, tuple done)
     @cython.locals(sched=Scheduler, times=list, ends=list, queue=list, nq=Py_ssize_t, gpu="long long", durs=list,
                    last="long long", chunk="long long", i="long long", it="long long", start="long long",
-                   nxt="long long", seg_end="long long", seg_start="long long", k="long long")
+                   nxt="long long", seg_end="long long", seg_start="long long", k="long long",
+                   group=bint, spans=list, first_prompt=list, j=Py_ssize_t, raw=list, padded=list,
+                   n_s="long long")
     cpdef _plan_span(self, long long t, long long horizon)
+    @cython.locals(end="long long", seg_end="long long", j=Py_ssize_t)
+    cpdef long long _group_segment(self, list spans, long long i, list raw, list padded)
+    @cython.locals(out=list, j=Py_ssize_t, r=Py_ssize_t, c="long long", prices=list)
+    cpdef list _group_rounds_ns(self, list raw, list padded, long long first, long long k)
     @cython.locals(sched=Scheduler, times=list, ends=list, ops="long long", n_s="long long",
-                   n_c="long long", tlog=object, waiting="long long", c="long long", log=StepLog,
-                   first="long long", j=Py_ssize_t, done=object, prompt=object)
+                   n_c="long long", c="long long", log=StepLog, outs=list, finished=list,
+                   first="long long", j=Py_ssize_t, k=Py_ssize_t, n_tail=Py_ssize_t, done=object,
+                   prompt=object, steps=list)
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
     @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list,
                    fin="long long[::1]", room="long long[::1]", last_op="long long")

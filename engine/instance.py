@@ -29,12 +29,15 @@ runs such steps in bulk (:meth:`engine.scheduler.Scheduler.decode_span` for the 
 the KV cache, the step latencies at once when the latency model offers ``decode_steps_ns``),
 with the same result as step by step: one :class:`StepLog` entry and one token-log time per
 step, the same KV calls (frees included) in the same order, each finish reported at its time.
-The caller bounds the span with ``horizon_ns``, the earliest time anything
-outside the unit may reach or read it; without it (or with ``fast_forward`` off, or a DP
-group, pipeline parallelism, lower KV tiers, a P/D decode queue) every step is simulated.
+A DP group spans when each member with requests is steady (a member without any runs its
+dummy batch each round): every member runs the same operations at the same times, each
+round lasting as long as its slowest member's lined-up batch. The caller bounds the span
+with ``horizon_ns``, the earliest time anything outside the unit may reach or read it;
+without it (or with ``fast_forward`` off, pipeline parallelism, lower KV tiers, a P/D
+decode queue) every step is simulated.
 
-Deferred spans: behind a router that reads no more of an instance than its load (several
-replicas, no API servers, no P/D), every send would otherwise bound every unit's span, though
+Deferred spans (one engine core per unit): behind a router that reads no more of an instance
+than its load (several replicas, no API servers, no P/D), every send would otherwise bound every unit's span, though
 it reaches one unit. There the caller passes ``defer_ns`` too, and the unit plans its span up
 to about ``_DEFER_STEPS`` steps past the next send and holds it unrun (:class:`SpanPlan`):
 when its free blocks serve every block boundary the span crosses, which operations the span
@@ -57,9 +60,10 @@ from engine.batch import BatchShape, LatencyModel, decode_advanced
 from engine.deployment import DpPad
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.scheduler import DecodeSpan, ScheduledStep, Scheduler
+from engine.scheduler import DecodeSpan, ScheduledStep, Scheduler, SpanOutcome
 
 FAST_FORWARD = True  # the default of EngineUnit.fast_forward
+_NO_ROUND = 1 << 62  # a span round no span reaches
 _MAX_CHUNK = 1 << 20  # decode-span steps priced at once, at most (C ints: no doubling overflow)
 # A deferred span (EngineUnit.poll's defer_ns) is planned about this many steps ahead; a send
 # that reaches the unit first makes the rest of the plan wasted pricing, a shorter plan costs
@@ -139,20 +143,22 @@ def least_loaded(candidates: Sequence[Member], start: int, now_ns: int) -> int:
 
 
 class SpanPlan:
-    """A steady decode span planned by :meth:`EngineUnit._plan_span` and not yet run: its
+    """A steady decode span planned by :meth:`EngineUnit._plan_span` and not yet run: each
+    member's span (None for a DP member with no requests, which runs dummy batches), the
     schedule and completion times (``times[i]``: when C_i and S_i happen), each schedule's
-    end, and what the caller needs before it runs: the completions ending requests (for
-    :meth:`finished_before`) and when the unit next needs attention if it runs whole."""
+    end, each member's prompt tokens in the step in flight, and what the caller needs before it
+    runs: the completions ending requests (for :meth:`finished_before`) and when the unit next
+    needs attention if it runs whole."""
 
-    __slots__ = ("span", "times", "ends", "first_prompt_tokens", "finish_at_c", "wake",
+    __slots__ = ("spans", "times", "ends", "first_prompt", "finish_at_c", "wake",
                  "_k", "_done")
 
-    def __init__(self, span: DecodeSpan, times: list[int], ends: list[int],
-                 first_prompt_tokens: int) -> None:
-        self.span = span
+    def __init__(self, spans: list[DecodeSpan | None], times: list[int], ends: list[int],
+                 first_prompt: list[int]) -> None:
+        self.spans = spans
         self.times = times
         self.ends = ends
-        self.first_prompt_tokens = first_prompt_tokens
+        self.first_prompt = first_prompt
         self.finish_at_c: array = array("q")  # sorted: the completion each finisher ends at
         self.wake = 0
         self._k = 0  # completions before the last time asked (times[1 .. _k] < it)
@@ -246,17 +252,26 @@ class EngineUnit:
             stage = int(lat.stage_ns(step.shape)) if self.pp > 1 else it
             extra = self._overhead(it) + step.extra_ns
             return it + extra, stage + extra
-        shapes = [s.shape for s in steps]
-        padded = self.dp_pad(shapes) if self.dp_pad else shapes
-        it = stage = 0
-        for m, shape, step in zip(self.members, padded, steps, strict=True):
-            if shape is None:
-                continue
-            t_it = int(m.latency.iteration_ns(shape)) + step.extra_ns
-            t_st = int(m.latency.stage_ns(shape)) + step.extra_ns if self.pp > 1 else t_it
-            it, stage = max(it, t_it), max(stage, t_st)
+        it, stage = self._round_ns([s.shape for s in steps], [s.extra_ns for s in steps])
         extra = self._overhead(it)
         return it + extra, stage + extra
+
+    def _round_ns(self, shapes: list[BatchShape | None], extra_ns: list[int]) -> tuple[int, int]:
+        """(GPU ns of a DP group's lock-step round, ns until the next may start), before the
+        host overhead: its slowest member's, each member's batch (None: idle) lined up by
+        ``dp_pad`` and priced with its own model, plus its step's ``extra_ns``."""
+        padded = self.dp_pad(shapes) if self.dp_pad else shapes
+        it = stage = 0
+        for m, shape, extra in zip(self.members, padded, extra_ns, strict=True):
+            if shape is None:
+                continue
+            t_it = int(m.latency.iteration_ns(shape)) + extra
+            t_st = int(m.latency.stage_ns(shape)) + extra if self.pp > 1 else t_it
+            if t_it > it:
+                it = t_it
+            if t_st > stage:
+                stage = t_st
+        return it, stage
 
     def _record(self, m: Member, step: ScheduledStep, end_ns: int) -> None:
         log = m.log
@@ -313,19 +328,19 @@ class EngineUnit:
             self._complete_oldest()
         members = self.members
         inflight = self.inflight
-        span_ok = (
-            horizon_ns is not None
-            and self.fast_forward
-            and len(members) == 1
-            and self.pp == 1
-            and members[0].scheduler.kv.tiers is None
-        )
+        span_ok = horizon_ns is not None and self.fast_forward and self.pp == 1
+        if span_ok:
+            for m in members:
+                if m.scheduler.kv.tiers is not None:
+                    span_ok = False
+        single = len(members) == 1
         while True:
             # How far a span may be planned: past the sends up to defer_ns when held unrun,
             # about _DEFER_STEPS steps of the last span (the part a send interrupts is priced
-            # for nothing).
+            # for nothing). A DP group's span is bounded by the horizon (Member.load reads
+            # one member's plan).
             reach = horizon_ns
-            if span_ok and defer_ns is not None and self._span_step_ns:
+            if span_ok and single and defer_ns is not None and self._span_step_ns:
                 reach = t + _DEFER_STEPS * self._span_step_ns
                 if reach > defer_ns:
                     reach = defer_ns
@@ -335,7 +350,7 @@ class EngineUnit:
             # (S_0) only: an ordinary schedule is the same and cheaper.
             if (span_ok and t < horizon_ns  # type: ignore[operator]
                     and not (inflight and inflight[0][1] >= reach)
-                    and not members[0].arrived_kv):
+                    and not self._kv_arrived()):
                 if reach == horizon_ns:
                     done = self._decode_span(t, horizon_ns)  # type: ignore[arg-type]
                 else:
@@ -401,15 +416,51 @@ class EngineUnit:
         return done[0]
 
     def _plan_span(self, t: int, horizon: int) -> SpanPlan | None:
-        """The times of the span that starts at ``t``, up to ``horizon`` (nothing run yet)."""
-        m = self.members[0]
-        sched = m.scheduler
+        """The times of the span that starts at ``t``, up to ``horizon`` (nothing run yet).
+
+        A DP group spans when every member with requests is steady (members with none run
+        dummy batches throughout: nothing reaches them before the horizon). Its rounds are
+        priced one by one as :meth:`_duration` prices them (``_round_ns`` of the members'
+        shapes); the span ends at the first member's limit, and only where every member's
+        free blocks serve the block boundaries it crosses (so that each member's
+        :meth:`~engine.scheduler.Scheduler.decode_span` runs the same operations)."""
+        members = self.members
         inflight = self.inflight
-        span = sched.steady_decode([s[0][0] for s in inflight])
-        if span is None:
+        group = len(members) > 1
+        spans: list[DecodeSpan | None] = []
+        first_prompt: list[int] = []
+        last = -1  # S_0 .. S_last and C_1 .. C_last at most
+        lead = None  # the first member's span (whose limit then is every member's)
+        for j in range(len(members)):
+            sched = members[j].scheduler
+            if group and not sched.running and not sched.waiting:
+                for entry in inflight:
+                    if entry[0][j].reqs:
+                        return None
+                spans.append(None)
+                first_prompt.append(0)
+                continue
+            span = sched.steady_decode([s[0][j] for s in inflight])
+            if span is None:
+                return None
+            spans.append(span)
+            first_prompt.append(inflight[0][0][j].prompt_tokens if inflight else 0)
+            if lead is None:
+                lead = span
+            if last < 0 or span.max_completions < last:
+                last = span.max_completions
+        if lead is None:
             return None
-        first_prompt_tokens = inflight[0][0][0].prompt_tokens if inflight else 0
-        lat = m.latency
+        if group:  # a shorter span is still a span: every member ends at the group's limit
+            for span in spans:
+                if span is not None:
+                    span.max_completions = last
+            raw: list[BatchShape | None] = []  # each member's batch at the segment's start
+            padded: list[BatchShape | None] = []  # ... lined up by dp_pad
+        else:
+            span = spans[0]
+            sched = members[0].scheduler
+            lat = members[0].latency
         # times[i] = T_i, the poll at which S_i (and C_i, i >= 1) happen, while before the
         # horizon; ends[i]: S_i's end, when the GPU is free after it (pp = 1).
         times = [t]
@@ -420,7 +471,6 @@ class EngineUnit:
         nq = len(queue)
         gpu = self.gpu_free_at
         durs: list[int] = []
-        last = span.max_completions  # S_0 .. S_last and C_1 .. C_last at most
         # Latencies are priced in chunks, each within one segment of schedules that hold the
         # same requests: first about as many steps as the last span's step length says fit
         # before the horizon.
@@ -432,7 +482,15 @@ class EngineUnit:
         shape = None
         i = 0
         while True:
-            if i == len(durs):
+            if group and i == len(durs):
+                if i >= seg_end:  # a segment of the group: no member's requests change in it
+                    seg_end = self._group_segment(spans, i, raw, padded)
+                    seg_start = i
+                k = min(chunk, last + 1 - i, seg_end - i)
+                durs.extend(self._group_rounds_ns(raw, padded, i - seg_start, k))
+                if chunk < _MAX_CHUNK:
+                    chunk *= 2
+            elif i == len(durs):
                 if i >= seg_end:
                     shape, seg_end = sched.span_segment(span, i)
                     seg_start = i
@@ -452,52 +510,138 @@ class EngineUnit:
                 break
             times.append(nxt)
             i += 1
+        if group:
+            n_s = (members[0].scheduler.span_ops(lead, len(times)) + 1) // 2
+            for j in range(len(members)):
+                span = spans[j]
+                if span is not None and not members[j].scheduler.span_blocks_serve(span, n_s):
+                    return None
         self._span_step_ns = max(durs[0], 1)
-        return SpanPlan(span, times, ends, first_prompt_tokens)
+        return SpanPlan(spans, times, ends, first_prompt)
+
+    def _group_segment(self, spans: list[DecodeSpan | None], i: int,
+                       raw: list[BatchShape | None], padded: list[BatchShape | None]) -> int:
+        """A DP group's span segment from round S_i: fills ``raw`` with each member's batch
+        at S_i (None: no request scheduled) and ``padded`` with them lined up by ``dp_pad``;
+        returns the first later round in which some member's requests differ."""
+        members = self.members
+        raw.clear()
+        end = _NO_ROUND
+        for j in range(len(members)):
+            span = spans[j]
+            if span is None:
+                raw.append(None)
+                continue
+            shape, seg_end = members[j].scheduler.span_segment(span, i)
+            # (async S_last with every final token in flight: nothing scheduled)
+            raw.append(shape if shape.num_seqs else None)
+            if seg_end < end:
+                end = seg_end
+        padded.clear()
+        for shape in raw:
+            if shape is not None:
+                padded.extend(self.dp_pad(raw) if self.dp_pad else raw)
+                break
+        return end
+
+    def _group_rounds_ns(self, raw: list[BatchShape | None], padded: list[BatchShape | None],
+                         first: int, k: int) -> list[int]:
+        """GPU ns of rounds ``first .. first + k - 1`` of a DP group's span segment (``raw``,
+        ``padded``: from :meth:`_group_segment`): per round the slowest member's, as
+        :meth:`_round_ns` prices it. A busy member's lined-up batch advances with its decodes
+        (the pad leaves the decode fields alone: ``engine.deployment.DpPad``), so its rounds
+        are priced in bulk; an idle member's dummy batch stays the same."""
+        if not padded:  # never scheduled (see the single-member case of _plan_span)
+            return [0] * k
+        out = [0] * k
+        members = self.members
+        for j in range(len(members)):
+            shape = padded[j]
+            if shape is None:
+                continue
+            lat = members[j].latency
+            if raw[j] is None:
+                c = int(lat.iteration_ns(shape))
+                for r in range(k):
+                    if c > out[r]:
+                        out[r] = c
+            else:
+                prices = _decode_latencies(lat, shape, first, k)
+                for r in range(k):
+                    c = prices[r]
+                    if c > out[r]:
+                        out[r] = c
+        return out
 
     def _run_span(self, plan: SpanPlan, n_times: int) -> tuple[int, bool] | None:
-        """Run ``plan``'s operations at its first ``n_times`` times (see :meth:`_decode_span`)."""
-        m = self.members[0]
-        sched = m.scheduler
+        """Run ``plan``'s operations at its first ``n_times`` times (see :meth:`_decode_span`):
+        each member's span (the same operations for every member of a DP group)."""
+        members = self.members
         inflight = self.inflight
         times = plan.times if n_times == len(plan.times) else plan.times[:n_times]
         ends = plan.ends
-        out = sched.decode_span(plan.span, times)
-        ops = out.ops
-        if ops == 0:
+        outs: list[SpanOutcome | None] = []
+        ops = -1
+        for j in range(len(members)):
+            span = plan.spans[j]
+            if span is None:
+                outs.append(None)
+                continue
+            out = members[j].scheduler.decode_span(span, times)
+            if ops < 0:
+                ops = out.ops
+            elif out.ops != ops:
+                raise AssertionError(f"DP span: member {j} ran {out.ops} operations, not {ops}")
+            outs.append(out)
+        if ops <= 0:
             return None
         n_s = (ops + 1) // 2  # schedules S_0 .. S_{n_s - 1}
         n_c = ops // 2  # completions C_1 .. C_{n_c}
         self.gpu_free_at = ends[n_s - 1]
-        m.num_steps += n_s
-        # Completed steps are only logged (as _complete_oldest / _record would log them).
-        log = m.log
-        tlog = sched.token_log.times
-        waiting = len(sched.waiting) + len(m.arrived_kv)
-        if n_c:  # (in bulk: one extend per column; arrays where a column repeats a value)
-            done = array("q", times[1 : n_c + 1])
-            tlog.extend(done)
-            log.end_ns.extend(done)
-            log.running.extend(out.running)
-            log.waiting.extend(array("q", [waiting]) * n_c)
-            log.usage.extend(out.usage)
-            # C_1 completes the step in flight before the span (its prefill chunks, if any,
-            # ended their prompts); every later one, a span step of decodes only.
-            prompt = array("q", [0]) * n_c
-            prompt[0] = plan.first_prompt_tokens
-            log.prompt_tokens.extend(prompt)
-            log.gen_tokens.extend(out.gen)
-        for c, req in out.finished:  # as _complete_oldest reports them
-            self.num_finished += 1
-            if self.on_finished is not None:
-                self.on_finished(m, req, times[c])
+        done = array("q", times[1 : n_c + 1]) if n_c else None
+        finished: list[tuple[int, int, Request]] = []
+        n_tail = 0
+        for j in range(len(members)):
+            out = outs[j]
+            if out is None:
+                continue
+            m = members[j]
+            sched = m.scheduler
+            m.num_steps += n_s
+            # Completed steps are only logged (as _complete_oldest / _record would log them).
+            if n_c:  # (in bulk: one extend per column; arrays where a column repeats a value)
+                log = m.log
+                sched.token_log.times.extend(done)
+                log.end_ns.extend(done)
+                log.running.extend(out.running)
+                log.waiting.extend(array("q", [len(sched.waiting) + len(m.arrived_kv)]) * n_c)
+                log.usage.extend(out.usage)
+                # C_1 completes the step in flight before the span (its prefill chunks, if
+                # any, ended their prompts); every later one, a span step of decodes only.
+                prompt = array("q", [0]) * n_c
+                prompt[0] = plan.first_prompt[j]
+                log.prompt_tokens.extend(prompt)
+                log.gen_tokens.extend(out.gen)
+            for c, req in out.finished:
+                finished.append((c, j, req))
+            n_tail = len(out.tail)
+        if finished:
+            # As _complete_oldest reports them: by completion, members in order, each
+            # member's in its own order (a stable sort).
+            if len(members) > 1:
+                finished.sort(key=_completion_and_member)
+            for c, j, req in finished:
+                self.num_finished += 1
+                if self.on_finished is not None:
+                    self.on_finished(members[j], req, times[c])
         # Still in flight: the steps before the span and the span's schedules, less the n_c
-        # oldest (completed).
+        # oldest (completed); a DP member with no requests has an empty step in each.
         for _ in range(min(n_c, len(inflight))):
             inflight.popleft()
-        first = n_s - len(out.tail)
-        for j, step in enumerate(out.tail):
-            inflight.append(([step], ends[first + j]))
+        first = n_s - n_tail
+        for k in range(n_tail):
+            steps = [ScheduledStep() if out is None else out.tail[k] for out in outs]
+            inflight.append((steps, ends[first + k]))
         return times[n_c], ops % 2 == 1
 
     # -- deferred spans ------------------------------------------------------------------
@@ -509,7 +653,7 @@ class EngineUnit:
         unit next needs attention if nothing reaches it first."""
         m = self.members[0]
         sched = m.scheduler
-        span = plan.span
+        span = plan.spans[0]
         ops = sched.span_ops(span, len(plan.times))
         n_s = (ops + 1) // 2
         n_c = ops // 2
@@ -550,6 +694,13 @@ class EngineUnit:
         assert reached is None, "an interrupted span ends with a schedule"
         return self.waiting_for
 
+    def _kv_arrived(self) -> bool:
+        """Whether a member holds P/D hand-offs to admit (a span cannot start then)."""
+        for m in self.members:  # noqa: SIM110 (a loop: no generator in cpdef)
+            if m.arrived_kv:
+                return True
+        return False
+
     def _can_schedule(self) -> bool:
         return any(m.scheduler.has_requests() or m.arrived_kv for m in self.members)
 
@@ -560,6 +711,11 @@ class EngineUnit:
             if m.arrived_kv:
                 return m, m.arrived_kv[0]
         return None
+
+
+def _completion_and_member(entry: tuple[int, int, Request]) -> tuple[int, int]:
+    """Sort key of a span's finishes: (completion, member)."""
+    return entry[0], entry[1]
 
 
 def _decode_latencies(lat: LatencyModel, shape: BatchShape, first: int, k: int) -> list[int]:

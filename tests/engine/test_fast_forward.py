@@ -96,7 +96,7 @@ def _assert_same(a, b, ua, ub) -> None:
             assert pa.num_evictions == pb.num_evictions
 
 
-SPANS = {"steps": 0, "with_queue": 0, "deferred": 0, "interrupted": 0}
+SPANS = {"steps": 0, "with_queue": 0, "deferred": 0, "interrupted": 0, "dp_group": 0}
 
 
 def _count_spans(units) -> None:
@@ -106,6 +106,8 @@ def _count_spans(units) -> None:
         for m in u.members:
             SPANS["steps"] += m.scheduler.span_steps
             SPANS["with_queue"] += m.scheduler.span_steps_queued
+            if len(u.members) > 1:
+                SPANS["dp_group"] += m.scheduler.span_steps
 
 
 @st.composite
@@ -178,6 +180,7 @@ def test_decode_spans_ran_in_the_property_test():
     if not SPANS["steps"]:
         pytest.skip("runs only after the property test in the same session")
     assert SPANS["steps"] > 1000, SPANS
+    assert SPANS["dp_group"] > 100, SPANS  # DP groups spanned too
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -211,6 +214,59 @@ def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, asyn
     assert SPANS["steps"] > slow.num_steps // 4, (SPANS, slow.num_steps)
     if max_num_seqs == 8:  # spans ran while requests waited for a seat
         assert SPANS["with_queue"] > 0, SPANS
+
+
+class SlowDummy(KvLatency):
+    """A member whose every step, its dummy batches included, costs 4 ms more: an idle
+    member's round can be the group's slowest."""
+
+    def iteration_ns(self, shape: BatchShape) -> int:
+        return super().iteration_ns(shape) + 4_000_000
+
+
+@pytest.mark.parametrize("pad", ["vllm", "reference", "none"])
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("latency", ["measured", "slow_member"])
+def test_dp_group_spans_equal_step_by_step(shared_data, monkeypatch, pad, async_scheduling,
+                                           latency):
+    """A lock-step DP group of three, at a load that leaves members idle at times (their
+    dummy batches): its rounds run in bulk with the step-by-step result, the finishes
+    reported in the same order, however its batches are lined up."""
+    from engine.results import RequestRecords
+    from profiles.bundle import load_bundle
+    from profiles.latency import ProfiledLatencyModel
+    from profiles.parallel.dp_pad import dp_pad_for
+
+    bundle = load_bundle(shared_data / "llmservingsim" / "profiles", "RTXPRO6000", MODEL.name)
+    cfg = EngineConfig(async_scheduling=async_scheduling, num_gpu_blocks_override=2000,
+                       max_num_seqs=64)
+    models = ([ProfiledLatencyModel(bundle, MODEL, 1) for _ in range(3)]
+              if latency == "measured" else [KvLatency(), KvLatency(), SlowDummy()])
+    specs = [InstanceSpec(f"dp{k}", MODEL, HW, cfg, models[k], kv_capacity(MODEL, HW, cfg),
+                          dp_group="g") for k in range(3)]
+    rng = random.Random(5)
+    reqs, t = [], 0
+    for i in range(240):
+        t += int(rng.expovariate(1.0) * 60_000_000)
+        prompt = tuple(range(100_000 * (i + 1), 100_000 * (i + 1) + rng.randint(20, 800)))
+        reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 300)))
+    kwargs = {"dp_pad": dp_pad_for(pad, cfg)}
+    orders: list[list[str]] = []
+    real_add = RequestRecords.add
+
+    def add(self, req, *a, **kw):
+        orders[-1].append(req.request_id)
+        return real_add(self, req, *a, **kw)
+
+    monkeypatch.setattr(RequestRecords, "add", add)
+    orders.append([])
+    slow, us = _run(specs, reqs, kwargs, False, monkeypatch)
+    orders.append([])
+    fast, uf = _run(specs, reqs, kwargs, True, monkeypatch)
+    _assert_same(slow, fast, us, uf)
+    assert orders[0] == orders[1]
+    spanned = sum(m.scheduler.span_steps for u in uf for m in u.members)
+    assert spanned > slow.num_steps // 4, (spanned, slow.num_steps)
 
 
 @pytest.mark.parametrize("router", ["least_loaded", "round_robin", "random"])

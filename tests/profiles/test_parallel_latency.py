@@ -4,9 +4,11 @@ P/D hand-off."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from astra_bridge import Network, NetworkModel
-from engine.batch import BatchShape
+from engine.batch import BatchShape, decode_advanced
 from engine.specs import ConfigError, ModelSpec
 from profiles.architecture import load_architecture
 from profiles.parallel.dp_pad import (
@@ -184,6 +186,27 @@ def test_vllm_dp_pad_idle_empty_and_bad_limit() -> None:
     with pytest.raises(ConfigError, match="cudagraph_max"):
         VllmDpPad(-1)
     assert VllmDpPad(0)([decode(3), decode(1)])[1] == decode(1)._replace(moe_tokens=4)
+
+
+_batches = st.builds(
+    lambda n, p, c0, spread: BatchShape(n + p, n + (p > 0), p, 3 * p, n, n * c0 + spread * (n > 1),
+                                        c0, c0 + spread * (n > 1)),
+    st.integers(1, 300), st.sampled_from([0, 0, 17, 900]), st.integers(1, 4000),
+    st.integers(0, 50))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), _batches), min_size=1, max_size=4),
+       st.integers(0, 200), st.sampled_from([0, 64, 256, 512]), st.booleans())
+def test_dp_pads_commute_with_decode_advance(batches, k, graph_max, reference) -> None:
+    """engine.deployment.DpPad's contract, on which the engine's DP spans rely: padding
+    step k of a decode run is padding its step 0 and advancing each busy member's batch k
+    tokens (the pad reads token and sequence counts only, never the decode fields)."""
+    pad = pad_dp_group if reference else VllmDpPad(graph_max)
+    later = [None if b is None else decode_advanced(b, k) for b in batches]
+    expected = [p if b is None else decode_advanced(p, k)
+                for b, p in zip(batches, pad(batches), strict=False)]
+    assert pad(later) == expected
 
 
 def test_gathered_moe_tokens_priced_only_when_ep_spans_the_group() -> None:

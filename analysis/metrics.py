@@ -148,12 +148,13 @@ def counted_statistic(values: np.ndarray, counts: np.ndarray, stat: str) -> floa
     return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
-_SUMMARY_PERCENTILES = [percentile_of(s) for s in STATISTICS if s not in ("mean", "median")]
+_SUMMARY_STATISTICS = [s for s in STATISTICS if s not in ("mean", "median")]
+_SUMMARY_PERCENTILES = [percentile_of(s) for s in _SUMMARY_STATISTICS]
 
 
 def summarize(values: np.ndarray) -> dict[str, float]:
     """mean, median, p90, p95, p99 of ``values`` (NaN for each when empty): ``statistic``'s
-    numbers bit for bit. The mean is summed in the sample's own order; the median and the
+    numbers bit for bit for the samples this module builds (float64, or int64). The mean is summed in the sample's own order; the median and the
     three percentiles partition one copy of it in place (``overwrite_input``), the
     percentiles in one ``np.percentile`` call: each is numpy's same arithmetic on the same
     order statistics, which do not depend on how the copy was left arranged."""
@@ -162,9 +163,10 @@ def summarize(values: np.ndarray) -> dict[str, float]:
     mean = float(np.mean(values))
     work = np.array(values)  # a copy, of the sample's own dtype
     median = float(np.median(work, overwrite_input=True))
-    p90, p95, p99 = (float(v) for v in np.percentile(work, _SUMMARY_PERCENTILES,
-                                                     overwrite_input=True))
-    return {"mean": mean, "median": median, "p90": p90, "p95": p95, "p99": p99}
+    tails = np.percentile(work, _SUMMARY_PERCENTILES, overwrite_input=True)
+    out = {"mean": mean, "median": median}
+    out.update(zip(_SUMMARY_STATISTICS, (float(v) for v in tails), strict=True))
+    return out
 
 
 def _itl_gaps(token_times: pd.Series, finished: np.ndarray,
@@ -196,6 +198,7 @@ def _itl_gaps(token_times: pd.Series, finished: np.ndarray,
         end = start + len(run) - 1
         gap = pooled[start:end]
         np.true_divide(np.subtract(run[1:], run[:-1]), _NS_PER_MS, out=gap)
+        gap.flags.writeable = False  # a view of the pooled sample: read-only as it is
         gaps.append(gap)
         start = end
     pooled.flags.writeable = False  # ``RequestMetrics.sample`` hands it out as is

@@ -137,24 +137,29 @@ class RayProbePool:
                  max_worker_rss_mib: float = MAX_WORKER_RSS_MIB) -> None:
         import ray
 
-        from hydra_plugins.ray_actor_launcher.ray_cluster import is_local, ray_processes, start_ray
+        from hydra_plugins.ray_actor_launcher.ray_cluster import is_local, start_ray
 
         self._ray = ray
         self._address = address
         self._started = False
+        self._actors: list[Any] = []
+        self._ray_pids: dict[int, Any] = {}
         if not ray.is_initialized():
             # "local" starts a private loopback-only Ray even if another one runs here.
             start_ray(ray, address, {"object_store_memory": 200 * 1024**2, "log_to_driver": True})
             self._started = True
-        cpus = int(ray.cluster_resources().get("CPU", 1))
-        self.size = max(1, min(num_actors or cpus, cpus))
-        self._remote = ray.remote(ProbeWorker).options(num_cpus=1, max_concurrency=1)
-        self.probe_timeout_s = probe_timeout_s
-        self._actors = [self._remote.remote() for _ in range(self.size)]
-        ray.get([a.pid.remote() for a in self._actors], timeout=ready_timeout_s)
-        # The local Ray's processes once its workers run (by name and start time): close()
-        # also finds those a dead raylet orphaned.
-        self._ray_pids = ray_processes() if self._started and is_local(address) else {}
+        self._local = self._started and is_local(address)
+        try:
+            cpus = int(ray.cluster_resources().get("CPU", 1))
+            self.size = max(1, min(num_actors or cpus, cpus))
+            self._remote = ray.remote(ProbeWorker).options(num_cpus=1, max_concurrency=1)
+            self.probe_timeout_s = probe_timeout_s
+            self._actors = [self._remote.remote() for _ in range(self.size)]
+            ray.get([a.pid.remote() for a in self._actors], timeout=ready_timeout_s)
+        except BaseException:
+            self.close()  # workers that never became ready: the Ray started here goes too
+            raise
+        self._remember_processes()
         self._idle: deque[Any] = deque(self._actors)
         self._queue: deque[tuple[Any, str, tuple[Any, ...]]] = deque()
         self._running: dict[Any, tuple[Any, Any, float]] = {}  # ref -> key, actor, start
@@ -220,7 +225,17 @@ class RayProbePool:
                     self._replace(actor)
                     self._done.append(Done(key, error=f"probe timed out after {self.probe_timeout_s:g} s"))
             self._fill()
+        self._remember_processes()
         return self._done.popleft()
+
+    def _remember_processes(self) -> None:
+        """Record the local Ray's processes (by name and start time) as they run now, workers
+        started since (replacements) included: close() also finds those a dead raylet
+        orphaned."""
+        if self._local:
+            from hydra_plugins.ray_actor_launcher.ray_cluster import alive, ray_processes
+
+            self._ray_pids = alive({**self._ray_pids, **ray_processes()})
 
     def _replace(self, dead: Any) -> None:
         self._actors.remove(dead)

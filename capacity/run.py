@@ -236,29 +236,35 @@ def run_study(cfg: DictConfig) -> dict[str, Any]:
             pool.close()
         if sink is not None and status != "FINISHED":
             sink.close(status, [])
-    meta = {
-        "study": OmegaConf.to_container(cfg.study, resolve=True),
-        "model": ", ".join(sorted({str(c.point["model"]["name"]) for c in configs})),
-        "slo": spec.as_dict(),
-        "slo_text": spec.describe(),
-        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
-        "grid": {k: sorted({c.overrides[k] for c in configs}) for k in combos[0]} if combos else {},
-        "common_overrides": common,
-        "profiles": sorted({str(c.point["hardware"]["bundle"]["source"]) for c in configs}),
-        "workload": OmegaConf.to_container(cfg.workload, resolve=True),
-        "target_rate": cap.target_rate,
-        "pool_size": pool.size,
-        "probes_simulated": study.simulated,
-        "probes_total": int(len(probes)),
-        "search_wall_s": study.wall_s,
-    }
-    meta["total_wall_s"] = time.perf_counter() - t0  # everything but writing the report
-    files = write_outputs(out_dir, answers, probes, fleet, meta)
-    from capacity.report import render
+    try:  # the outputs: a failure here still closes the study's runs, as failed
+        meta = {
+            "study": OmegaConf.to_container(cfg.study, resolve=True),
+            "model": ", ".join(sorted({str(c.point["model"]["name"]) for c in configs})),
+            "slo": spec.as_dict(),
+            "slo_text": spec.describe(),
+            "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+            "grid": {k: sorted({c.overrides[k] for c in configs}) for k in combos[0]} if combos else {},
+            "common_overrides": common,
+            "profiles": sorted({str(c.point["hardware"]["bundle"]["source"]) for c in configs}),
+            "workload": OmegaConf.to_container(cfg.workload, resolve=True),
+            "target_rate": cap.target_rate,
+            "pool_size": pool.size,
+            "probes_simulated": study.simulated,
+            "probes_total": int(len(probes)),
+            "search_wall_s": study.wall_s,
+        }
+        meta["total_wall_s"] = time.perf_counter() - t0  # everything but writing the report
+        files = write_outputs(out_dir, answers, probes, fleet, meta)
+        from capacity.report import render
 
-    report = render(out_dir)
+        report = render(out_dir)
+        if sink is not None:
+            sink.log_fleet(fleet, float(cap.target_rate) if cap.target_rate else None)
+    except BaseException:
+        if sink is not None:
+            sink.close("FAILED", [])
+        raise
     if sink is not None:
-        sink.log_fleet(fleet, float(cap.target_rate) if cap.target_rate else None)
         sink.close(status, [*files, report, *sorted((out_dir / "plots").glob("*.png"))])
     print_summary(answers, fleet, meta, out_dir)
     return {"answers": answers, "fleet": fleet, "dir": str(out_dir)}

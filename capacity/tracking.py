@@ -113,8 +113,10 @@ class MlflowSink:
         self.tracker.finish(run_id, "FINISHED" if len(fleet) else "FAILED")
 
     def close(self, status: str, files: list[Path]) -> None:
-        for path in files:
-            if path.is_file():
-                self.tracker.log_artifact(self.parent_id, path)
-        self.tracker.finish(self.parent_id, status)
-        self.tracker.close()  # the store's file holds every run now (``Tracker.close``)
+        try:
+            for path in files:
+                if path.is_file():
+                    self.tracker.log_artifact(self.parent_id, path)
+            self.tracker.finish(self.parent_id, status)
+        finally:
+            self.tracker.close()  # the store's file holds every run now (``Tracker.close``)

@@ -15,8 +15,10 @@ moment to the permanent generation, which no collection walks:
   of the 0.9 CPU-s the 4-point driver spent collecting), and what is alive at a block's end
   is frozen unless the block raised, so later full collections walk only what the points
   create. A process that runs several launches (Hydra's ``max_batch_size``, a test session)
-  calls ``launch_ended`` as each recorder closes: the next block first collects what the
-  finished launch left, so its cyclic garbage is not frozen with the rest;
+  calls ``launch_ended`` as each recorder closes: the next block first unfreezes the heap
+  and collects it whole (one full walk, about 0.25 CPU-s, once per later launch), so the
+  finished launch's cyclic garbage, the objects frozen with its open recorder (tracker,
+  store engine, claims) included, is freed rather than kept for good;
 - ``freeze_at_exit``, registered when the driver starts, runs after every ``atexit``
   handler registered later (Ray's, MLflow's): the shutdown collections find nothing to walk.
   What the driver writes is closed explicitly before (results table, MLflow runs and the
@@ -40,6 +42,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _registered = False
+# Guards the counters only: collections and freezes run outside it (a finaliser that a
+# collection runs may itself enter a block, or wait on a thread that waits for the lock).
 _lock = threading.Lock()
 _depth = 0  # long_lived blocks running, in any thread
 _was_enabled = False  # whether the collector was on when the first of them began
@@ -64,20 +68,23 @@ def long_lived() -> Iterator[None]:
         yield
         ok = True
     finally:
+        if ok:
+            with _lock:
+                collect, _launch_ended = _launch_ended, False
+            if collect:
+                gc.unfreeze()
+                gc.collect()
+            gc.freeze()
         with _lock:
             _depth -= 1
-            if ok:
-                if _launch_ended:
-                    gc.collect()
-                    _launch_ended = False
-                gc.freeze()
             if _depth == 0 and _was_enabled:
                 gc.enable()
 
 
 def launch_ended() -> None:
     """Say that a launch's recorder closed: what it and its jobs made may now be cyclic
-    garbage, which the next ``long_lived`` block collects before it freezes."""
+    garbage, frozen or not, which the next ``long_lived`` block collects before it
+    freezes."""
     global _launch_ended
     _launch_ended = True
 

@@ -412,19 +412,22 @@ class SweepRecorder:
             if idx not in reported:
                 self._abandon(idx)
         ok = True
-        if self.parent_id is not None:
-            try:
-                for path in artifacts:
-                    if path is not None:
-                        self.tracker.log_artifact(self.parent_id, path)
-                self.tracker.set_tags(self.parent_id, {k: str(v) for k, v in counts.items()})
-                self.tracker.finish(self.parent_id, status)
-            except TrackingWriteError as err:
-                log.error(f"the sweep's parent run was not closed: {err}")
-                ok = False
-            self.claims.release(self.parent_id)
-        self.claims.stop()
-        self.tracker.close()  # every write is done: the store's file now holds them all
+        try:
+            if self.parent_id is not None:
+                try:
+                    for path in artifacts:
+                        if path is not None:
+                            self.tracker.log_artifact(self.parent_id, path)
+                    self.tracker.set_tags(self.parent_id,
+                                          {k: str(v) for k, v in counts.items()})
+                    self.tracker.finish(self.parent_id, status)
+                except TrackingWriteError as err:
+                    log.error(f"the sweep's parent run was not closed: {err}")
+                    ok = False
+                self.claims.release(self.parent_id)
+            self.claims.stop()
+        finally:
+            self.tracker.close()  # every write is done: the store's file now holds them all
         return ok
 
     # --------------------------------------------------------------------- helpers

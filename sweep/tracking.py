@@ -268,11 +268,17 @@ class Tracker:
         db = sqlite_path(self.uri)
         if db is None:
             return
-        with contextlib.closing(sqlite3.connect(db)) as con:
-            busy, _, _ = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        try:  # (mode=rw: a store that is gone is not created again, empty)
+            with contextlib.closing(sqlite3.connect(f"{db.resolve().as_uri()}?mode=rw",
+                                                    uri=True)) as con:
+                busy, _, _ = con.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as err:
+            log.warning(f"{db}: the write-ahead log was not checkpointed ({err}); the runs "
+                        "written stay in the log beside it")
+            return
         if busy:
-            log.warning(f"{db}: the write-ahead log could not be checkpointed (another "
-                        "process reads the store); its runs stay in the log until it can be")
+            log.warning(f"{db}: the write-ahead log could not be checkpointed (the store is in "
+                        "use by another connection); its runs stay in the log until it can be")
 
     def finish(self, run_id: str, status: str) -> None:
         self.retry.call(f"set run {run_id} {status}",

@@ -387,19 +387,19 @@ class RayActorLauncher(Launcher):
             RAY_HEADS,
             alive,
             is_local,
-            pid_alive,
             ray_processes,
+            same_process,
         )
 
         if not (self._started_ray and is_local(self.params.address)):
             return None
         self._ray_pids = ray_processes()
-        heads = {pid: p.name for pid, p in self._ray_pids.items() if p.name in RAY_HEADS}
+        heads = {pid: p for pid, p in self._ray_pids.items() if p.name in RAY_HEADS}
 
         def check() -> str | None:
-            for pid, name in heads.items():
-                if not pid_alive(pid):
-                    return f"the local Ray cluster is gone: its {name} (pid {pid}) exited"
+            for pid, head in heads.items():
+                if not same_process(pid, head):  # (a reused pid is not the head)
+                    return f"the local Ray cluster is gone: its {head.name} (pid {pid}) exited"
             self._ray_pids = alive({**self._ray_pids, **ray_processes()})
             return None
 

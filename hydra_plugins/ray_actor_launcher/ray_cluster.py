@@ -236,11 +236,20 @@ RAY_HEADS = ("raylet", "gcs_server")
 
 class RayProcess(NamedTuple):
     """A process as ``/proc`` names it: its ``comm`` and its start time (clock ticks after
-    boot, ``/proc/<pid>/stat`` field 22). The pair tells a process from a later one that
-    reuses its pid."""
+    boot, ``/proc/<pid>/stat`` field 22). The start time tells a process from a later one
+    that reuses its pid (:func:`same_process`); the name is what it was called when recorded
+    (Ray's workers rename themselves as they run tasks: ``ray::JobRunner`` becomes
+    ``ray::JobRunner.`` and back)."""
 
     name: str
     started: int
+
+
+def same_process(pid: int, recorded: RayProcess) -> bool:
+    """Whether ``pid`` still runs the process ``recorded`` (started at the same tick: a pid is
+    not reused while its process lives, and never within one tick of its last use)."""
+    now = process_identity(pid)
+    return now is not None and now.started == recorded.started
 
 
 def process_identity(pid: int) -> RayProcess | None:
@@ -308,25 +317,39 @@ def kill_autoscaler_monitor() -> int:
 
 
 def _sigkill(targets: Mapping[int, RayProcess]) -> int:
-    """SIGKILL each process of ``targets`` that is still the one recorded (same name and
-    start time: a pid reused since is left alone); how many were killed."""
+    """SIGKILL each process of ``targets`` that is still the one recorded
+    (:func:`same_process`: a pid reused since is left alone); how many were killed. The
+    signal goes through a pidfd opened before the check, so the process checked is the one
+    signalled even if it exits and its pid is reused in between."""
     import signal
 
     killed = 0
     for pid, ident in targets.items():
-        if process_identity(pid) != ident:
-            continue
         try:
-            os.kill(pid, signal.SIGKILL)
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone (or a kernel without pidfds: then check, then kill)
+            fd = -1
+            if not Path(f"/proc/{pid}").exists():
+                continue
+        try:
+            if not same_process(pid, ident):
+                continue
+            if fd >= 0:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
             killed += 1
         except OSError:
             pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
     return killed
 
 
 def alive(known: Mapping[int, RayProcess]) -> dict[int, RayProcess]:
     """The processes of ``known`` that still run (the same process, not a reused pid)."""
-    return {pid: ident for pid, ident in known.items() if process_identity(pid) == ident}
+    return {pid: ident for pid, ident in known.items() if same_process(pid, ident)}
 
 
 def kill_ray_processes(known: Mapping[int, RayProcess]) -> int:

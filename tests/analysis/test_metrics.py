@@ -286,3 +286,4 @@ def test_itl_gaps_equal_one_diff_per_request(rows):
     expect_pooled = np.concatenate(want) if want else np.empty(0)
     assert pooled.tobytes() == expect_pooled.tobytes()
     assert not pooled.flags.writeable
+    assert not any(g.flags.writeable for g in gaps if len(g))  # views of the pooled sample

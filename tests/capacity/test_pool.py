@@ -92,6 +92,41 @@ def test_a_worker_past_its_memory_budget_is_replaced_and_the_result_kept_clean()
     assert a not in pool._actors and [x.name for x in pool._idle] == ["fresh0"]
 
 
+def test_a_pool_whose_workers_never_start_releases_the_ray_it_started(monkeypatch):
+    """Workers that do not become ready in time: the error reaches the caller, and the Ray
+    the pool started is stopped with what it started (no pool object is left to close)."""
+    import sys
+    import types
+
+    from hydra_plugins.ray_actor_launcher import ray_cluster
+
+    calls: list[str] = []
+
+    class _Handle:
+        def __init__(self) -> None:
+            self.pid = types.SimpleNamespace(remote=lambda: "ref")
+
+    fake = types.SimpleNamespace(
+        is_initialized=lambda: False,
+        cluster_resources=lambda: {"CPU": 2},
+        remote=lambda cls: types.SimpleNamespace(
+            options=lambda **kw: types.SimpleNamespace(remote=_Handle)),
+    )
+
+    def get(refs, timeout):
+        raise TimeoutError("workers not ready")
+
+    fake.get = get
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(ray_cluster, "start_ray", lambda ray, address, kw: calls.append("start"))
+    monkeypatch.setattr(ray_cluster, "release_ray",
+                        lambda ray, actors, *, stop, address, known:
+                        calls.append(f"release {len(actors)} stop={stop}"))
+    with pytest.raises(TimeoutError, match="not ready"):
+        RayProbePool(2, address="local")
+    assert calls == ["start", "release 2 stop=True"]
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 def test_ray_workers_are_recycled_past_the_budget_and_probes_go_on(monkeypatch):

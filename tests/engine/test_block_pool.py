@@ -6,15 +6,20 @@ home slot and checks each block's slot)."""
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.block_pool import BlockPool
 
 # Few distinct low bits, many high ones (hashes that share a home slot and make long probe
-# runs, wrapping around the table's end), or anywhere.
+# runs), at the table's start or at its end (a 12-block pool has 32 slots: runs from slots
+# 28-31 wrap around to slot 0), or anywhere.
 HASHES = st.one_of(
     st.builds(lambda lo, hi: (hi << 40) | lo, st.integers(0, 3), st.integers(0, 2**23)),
+    st.builds(lambda lo, hi: (hi << 40) | (31 - lo), st.integers(0, 3), st.integers(0, 2**23)),
     st.integers(0, 2**64 - 7),
 )
 
@@ -51,3 +56,25 @@ def test_prefix_index_is_a_dict_of_first_blocks(ops) -> None:
             assert pool.lookup(absent) == -1
         assert pool.num_cached_blocks() == sum(len(v) for v in model.values())
         pool.check_invariants(held)
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_deleting_from_a_run_that_wraps_keeps_every_hash_found(order) -> None:
+    """Hashes 31 and 63 share home slot 31 of the 32 (a 12-block pool's); 63 wraps to slot 0 and pushes 32
+    (home 0) to slot 1. Evicting them in any order leaves the others found from their home
+    slots (a deletion at the table's end shifts entries from its start back)."""
+    pool = BlockPool(12)
+    hashes = [31, 63, 32]
+    blocks = pool.get_new_blocks(3)
+    held = pool.get_new_blocks(pool.num_free)  # so the three are the only free blocks
+    pool.cache_full_blocks(blocks, hashes, 0, 3)
+    pool.free_blocks([blocks[i] for i in order])  # evicted in this order
+    left = dict(zip(hashes, blocks, strict=True))
+    taken: list[int] = []
+    for i in order:
+        taken += pool.get_new_blocks(1)
+        del left[hashes[i]]
+        for h, b in left.items():
+            assert pool.lookup(h) == b, (order, h)
+        assert pool.lookup(hashes[i]) == -1
+        pool.check_invariants([held, taken])

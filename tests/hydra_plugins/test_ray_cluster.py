@@ -96,7 +96,7 @@ def test_kill_autoscaler_monitor_kills_the_monitor_only():
 @linux_only
 def test_a_reused_pid_is_not_killed():
     """The leftovers' sweep kills a recorded pid only while it is the process recorded: the
-    same name and start time (a pid may be reused by another process during a sweep)."""
+    same start time (a pid may be reused by another process during a sweep)."""
     worker = _stand_in("_private/workers/default_worker.py")
     try:
         _wait_listed(worker)
@@ -109,6 +109,25 @@ def test_a_reused_pid_is_not_killed():
         assert ray_cluster.kill_ray_processes({worker.pid: ident}) == 1
         assert worker.wait(timeout=10) == -9
         assert ray_cluster.alive({worker.pid: ident}) == {}
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+@linux_only
+def test_a_renamed_worker_is_still_killed():
+    """Ray's workers rename themselves while they run a task (``ray::JobRunner`` and
+    ``ray::JobRunner.``): a worker recorded under one name and found under the other is the
+    same process, still alive and still killed."""
+    worker = _stand_in("_private/workers/default_worker.py")
+    try:
+        _wait_listed(worker)
+        ident = ray_cluster.process_identity(worker.pid)
+        assert ident is not None
+        renamed = ray_cluster.RayProcess(ident.name + ".", ident.started)
+        assert ray_cluster.alive({worker.pid: renamed}) == {worker.pid: renamed}
+        assert ray_cluster._sigkill({worker.pid: renamed}) == 1
+        assert worker.wait(timeout=10) == -9
     finally:
         worker.kill()
         worker.wait()

@@ -100,6 +100,24 @@ def test_garbage_of_an_ended_launch_is_collected_not_frozen(clean_gc, monkeypatc
     assert dropped() is None and not gc_policy._launch_ended
 
 
+def test_an_ended_launchs_frozen_objects_are_collected_too(clean_gc, monkeypatch):
+    """What a launch kept while it ran (its open recorder, frozen at the end of
+    ``SweepRecorder.start``'s block) is cyclic garbage once it ends: the next launch's
+    block frees it rather than keeping it in the permanent generation."""
+    monkeypatch.setattr(gc_policy, "_launch_ended", False)
+    gc.disable()
+    holder = []
+    with long_lived():
+        holder.append(_Node())
+        holder[0].self = holder[0]  # a cycle kept while the launch runs: frozen with it
+        recorder = weakref.ref(holder[0])
+    holder.clear()  # the launch ends; its recorder is garbage now, and frozen
+    launch_ended()
+    with long_lived():
+        pass
+    assert recorder() is None
+
+
 def test_freeze_at_exit_freezes_after_the_handlers_registered_later():
     # atexit runs last in, first out: a handler registered after freeze_at_exit runs
     # before it (heap not yet frozen), one registered before it runs after (frozen).

@@ -137,3 +137,17 @@ def test_the_store_file_alone_holds_the_runs(tmp_path, store):
             "SELECT COUNT(*) FROM runs JOIN experiments USING (experiment_id) "
             "WHERE experiments.name = 'whole_file' AND runs.status = 'FINISHED'").fetchone()
     assert runs == 3  # the parent and both points
+
+
+def test_closing_a_tracker_whose_store_is_gone_warns_and_creates_nothing(tmp_path, store, caplog):
+    """The checkpoint after the last write is best effort: a store deleted meanwhile is
+    reported (naming the file), never re-created empty, and the close does not raise."""
+    from sweep.tracking import Tracker
+
+    tracker = Tracker(store, "gone")
+    db = Path(store.removeprefix("sqlite:///"))
+    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm")):
+        path.unlink(missing_ok=True)
+    tracker.close()
+    assert not db.exists()
+    assert f"{db}: the write-ahead log was not checkpointed" in caplog.text

@@ -180,7 +180,9 @@ def test_decode_spans_ran_in_the_property_test():
     if not SPANS["steps"]:
         pytest.skip("runs only after the property test in the same session")
     assert SPANS["steps"] > 1000, SPANS
-    assert SPANS["dp_group"] > 100, SPANS  # DP groups spanned too
+    # DP groups spanned too (how many of the examples are DP groups is the draw's: the
+    # deterministic test_dp_group_spans_equal_step_by_step bounds the share)
+    assert SPANS["dp_group"] > 0, SPANS
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
@@ -216,6 +218,18 @@ def test_measured_bundle_spans_equal_step_by_step(shared_data, monkeypatch, asyn
         assert SPANS["with_queue"] > 0, SPANS
 
 
+def _poisson_requests(seed: int, n: int, mean_gap_ns: int, max_prompt: int) -> list[RequestSpec]:
+    """``n`` requests with exponential gaps, distinct prompts of 20 to ``max_prompt`` tokens
+    (no shared prefix) and 1 to 300 output tokens."""
+    rng = random.Random(seed)
+    reqs, t = [], 0
+    for i in range(n):
+        t += int(rng.expovariate(1.0) * mean_gap_ns)
+        prompt = tuple(range(100_000 * (i + 1), 100_000 * (i + 1) + rng.randint(20, max_prompt)))
+        reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 300)))
+    return reqs
+
+
 class SlowDummy(KvLatency):
     """A member whose every step, its dummy batches included, costs 4 ms more: an idle
     member's round can be the group's slowest."""
@@ -244,12 +258,7 @@ def test_dp_group_spans_equal_step_by_step(shared_data, monkeypatch, pad, async_
               if latency == "measured" else [KvLatency(), KvLatency(), SlowDummy()])
     specs = [InstanceSpec(f"dp{k}", MODEL, HW, cfg, models[k], kv_capacity(MODEL, HW, cfg),
                           dp_group="g") for k in range(3)]
-    rng = random.Random(5)
-    reqs, t = [], 0
-    for i in range(240):
-        t += int(rng.expovariate(1.0) * 60_000_000)
-        prompt = tuple(range(100_000 * (i + 1), 100_000 * (i + 1) + rng.randint(20, 800)))
-        reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 300)))
+    reqs = _poisson_requests(seed=5, n=240, mean_gap_ns=60_000_000, max_prompt=800)
     kwargs = {"dp_pad": dp_pad_for(pad, cfg)}
     orders: list[list[str]] = []
     real_add = RequestRecords.add
@@ -281,12 +290,7 @@ def test_replicas_hold_spans_past_sends(shared_data, monkeypatch, router):
     cfg = EngineConfig(num_gpu_blocks_override=3000)
     specs = [InstanceSpec(f"i{k}", MODEL, HW, cfg, ProfiledLatencyModel(bundle, MODEL, 1),
                           kv_capacity(MODEL, HW, cfg)) for k in range(8)]
-    rng = random.Random(11)
-    reqs, t = [], 0
-    for i in range(400):
-        t += int(rng.expovariate(1.0) * 20_000_000)
-        prompt = tuple(range(100_000 * (i + 1), 100_000 * (i + 1) + rng.randint(20, 700)))
-        reqs.append(RequestSpec(f"r{i}", t, prompt, rng.randint(1, 300)))
+    reqs = _poisson_requests(seed=11, n=400, mean_gap_ns=20_000_000, max_prompt=700)
     kwargs = {"router": router}
     slow, us = _run(specs, reqs, kwargs, False, monkeypatch)
     fast, uf = _run(specs, reqs, kwargs, True, monkeypatch)

@@ -154,10 +154,11 @@ _SUMMARY_PERCENTILES = [percentile_of(s) for s in _SUMMARY_STATISTICS]
 
 def summarize(values: np.ndarray) -> dict[str, float]:
     """mean, median, p90, p95, p99 of ``values`` (NaN for each when empty): ``statistic``'s
-    numbers bit for bit for the samples this module builds (float64, or int64). The mean is summed in the sample's own order; the median and the
-    three percentiles partition one copy of it in place (``overwrite_input``), the
-    percentiles in one ``np.percentile`` call: each is numpy's same arithmetic on the same
-    order statistics, which do not depend on how the copy was left arranged."""
+    numbers bit for bit for the samples this module builds (float64, or int64). The mean is
+    summed in the sample's own order; the median and the three percentiles partition one copy
+    of it in place (``overwrite_input``), the percentiles in one ``np.percentile`` call: each
+    is numpy's same arithmetic on the same order statistics, which do not depend on how the
+    copy was left arranged."""
     if len(values) == 0:
         return {stat: math.nan for stat in STATISTICS}
     mean = float(np.mean(values))

@@ -229,7 +229,7 @@ class RayProbePool:
         return self._done.popleft()
 
     def _remember_processes(self) -> None:
-        """Record the local Ray's processes (by name and start time) as they run now, workers
+        """Record the local Ray's processes (each with its start time) as they run now, workers
         started since (replacements) included: close() also finds those a dead raylet
         orphaned."""
         if self._local:

@@ -46,9 +46,6 @@ cdef class EngineUnit:
     @cython.locals(c="long long", h="long long")
     cpdef long long _overhead(self, long long t_gpu)
     cpdef _complete_oldest(self)
-    @cython.locals(it="long long", stage="long long", t_it="long long", t_st="long long",
-                   extra="long long")
-    cpdef tuple _round_ns(self, list shapes, list extra_ns)
     @cython.locals(sched=Scheduler, span_ok=bint, single=bint, reach=object)
     cpdef poll(self, long long t, object horizon_ns=*, object defer_ns=*)
     cpdef bint _kv_arrived(self)
@@ -60,7 +57,7 @@ cdef class EngineUnit:
                    group=bint, spans=list, first_prompt=list, j=Py_ssize_t, raw=list, padded=list,
                    n_s="long long")
     cpdef _plan_span(self, long long t, long long horizon)
-    @cython.locals(end="long long", seg_end="long long", j=Py_ssize_t)
+    @cython.locals(end="long long", seg_end="long long", j=Py_ssize_t, busy=bint)
     cpdef long long _group_segment(self, list spans, long long i, list raw, list padded)
     @cython.locals(out=list, j=Py_ssize_t, r=Py_ssize_t, c="long long", prices=list)
     cpdef list _group_rounds_ns(self, list raw, list padded, long long first, long long k)

@@ -37,8 +37,8 @@ without it (or with ``fast_forward`` off, pipeline parallelism, lower KV tiers, 
 decode queue) every step is simulated.
 
 Deferred spans (one engine core per unit): behind a router that reads no more of an instance
-than its load (several replicas, no API servers, no P/D), every send would otherwise bound every unit's span, though
-it reaches one unit. There the caller passes ``defer_ns`` too, and the unit plans its span up
+than its load (several replicas, no API servers, no P/D), every send would otherwise bound
+every unit's span, though it reaches one unit. There the caller passes ``defer_ns`` too, and the unit plans its span up
 to about ``_DEFER_STEPS`` steps past the next send and holds it unrun (:class:`SpanPlan`):
 when its free blocks serve every block boundary the span crosses, which operations the span
 runs, which requests finish at which completion and when the unit next needs attention are
@@ -55,6 +55,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from engine.batch import BatchShape, LatencyModel, decode_advanced
 from engine.deployment import DpPad
@@ -252,26 +253,20 @@ class EngineUnit:
             stage = int(lat.stage_ns(step.shape)) if self.pp > 1 else it
             extra = self._overhead(it) + step.extra_ns
             return it + extra, stage + extra
-        it, stage = self._round_ns([s.shape for s in steps], [s.extra_ns for s in steps])
-        extra = self._overhead(it)
-        return it + extra, stage + extra
-
-    def _round_ns(self, shapes: list[BatchShape | None], extra_ns: list[int]) -> tuple[int, int]:
-        """(GPU ns of a DP group's lock-step round, ns until the next may start), before the
-        host overhead: its slowest member's, each member's batch (None: idle) lined up by
-        ``dp_pad`` and priced with its own model, plus its step's ``extra_ns``."""
+        # A DP group's lock-step round: its slowest member's, each member's batch (None:
+        # idle) lined up by dp_pad and priced with its own model (a span's rounds in bulk:
+        # _group_rounds_ns).
+        shapes = [s.shape for s in steps]
         padded = self.dp_pad(shapes) if self.dp_pad else shapes
         it = stage = 0
-        for m, shape, extra in zip(self.members, padded, extra_ns, strict=True):
+        for m, shape, step in zip(self.members, padded, steps, strict=True):
             if shape is None:
                 continue
-            t_it = int(m.latency.iteration_ns(shape)) + extra
-            t_st = int(m.latency.stage_ns(shape)) + extra if self.pp > 1 else t_it
-            if t_it > it:
-                it = t_it
-            if t_st > stage:
-                stage = t_st
-        return it, stage
+            t_it = int(m.latency.iteration_ns(shape)) + step.extra_ns
+            t_st = int(m.latency.stage_ns(shape)) + step.extra_ns if self.pp > 1 else t_it
+            it, stage = max(it, t_it), max(stage, t_st)
+        extra = self._overhead(it)
+        return it + extra, stage + extra
 
     def _record(self, m: Member, step: ScheduledStep, end_ns: int) -> None:
         log = m.log
@@ -420,16 +415,16 @@ class EngineUnit:
 
         A DP group spans when every member with requests is steady (members with none run
         dummy batches throughout: nothing reaches them before the horizon). Its rounds are
-        priced one by one as :meth:`_duration` prices them (``_round_ns`` of the members'
-        shapes); the span ends at the first member's limit, and only where every member's
-        free blocks serve the block boundaries it crosses (so that each member's
-        :meth:`~engine.scheduler.Scheduler.decode_span` runs the same operations)."""
+        priced as :meth:`_duration` prices them, in bulk per segment
+        (:meth:`_group_rounds_ns`); the span ends at the first member's limit, and only where
+        every member's free blocks serve the block boundaries it crosses (so that each
+        member's :meth:`~engine.scheduler.Scheduler.decode_span` runs the same operations)."""
         members = self.members
         inflight = self.inflight
         group = len(members) > 1
         spans: list[DecodeSpan | None] = []
         first_prompt: list[int] = []
-        last = -1  # S_0 .. S_last and C_1 .. C_last at most
+        last = 0  # S_0 .. S_last and C_1 .. C_last at most (the least member limit)
         lead = None  # the first member's span (whose limit then is every member's)
         for j in range(len(members)):
             sched = members[j].scheduler
@@ -445,10 +440,10 @@ class EngineUnit:
                 return None
             spans.append(span)
             first_prompt.append(inflight[0][0][j].prompt_tokens if inflight else 0)
+            if lead is None or span.max_completions < last:
+                last = span.max_completions
             if lead is None:
                 lead = span
-            if last < 0 or span.max_completions < last:
-                last = span.max_completions
         if lead is None:
             return None
         if group:  # a shorter span is still a span: every member ends at the group's limit
@@ -526,29 +521,31 @@ class EngineUnit:
         returns the first later round in which some member's requests differ."""
         members = self.members
         raw.clear()
+        padded.clear()
         end = _NO_ROUND
+        busy = False
         for j in range(len(members)):
             span = spans[j]
             if span is None:
                 raw.append(None)
                 continue
             shape, seg_end = members[j].scheduler.span_segment(span, i)
-            # (async S_last with every final token in flight: nothing scheduled)
-            raw.append(shape if shape.num_seqs else None)
+            if shape.num_seqs:
+                raw.append(shape)
+                busy = True
+            else:  # async S_last with every final token in flight: nothing scheduled
+                raw.append(None)
             if seg_end < end:
                 end = seg_end
-        padded.clear()
-        for shape in raw:
-            if shape is not None:
-                padded.extend(self.dp_pad(raw) if self.dp_pad else raw)
-                break
+        if busy:
+            padded.extend(self.dp_pad(raw) if self.dp_pad else raw)
         return end
 
     def _group_rounds_ns(self, raw: list[BatchShape | None], padded: list[BatchShape | None],
                          first: int, k: int) -> list[int]:
         """GPU ns of rounds ``first .. first + k - 1`` of a DP group's span segment (``raw``,
         ``padded``: from :meth:`_group_segment`): per round the slowest member's, as
-        :meth:`_round_ns` prices it. A busy member's lined-up batch advances with its decodes
+        :meth:`_duration` prices a round. A busy member's lined-up batch advances with its decodes
         (the pad leaves the decode fields alone: ``engine.deployment.DpPad``), so its rounds
         are priced in bulk; an idle member's dummy batch stays the same."""
         if not padded:  # never scheduled (see the single-member case of _plan_span)
@@ -629,7 +626,7 @@ class EngineUnit:
             # As _complete_oldest reports them: by completion, members in order, each
             # member's in its own order (a stable sort).
             if len(members) > 1:
-                finished.sort(key=_completion_and_member)
+                finished.sort(key=itemgetter(0, 1))
             for c, j, req in finished:
                 self.num_finished += 1
                 if self.on_finished is not None:
@@ -711,11 +708,6 @@ class EngineUnit:
             if m.arrived_kv:
                 return m, m.arrived_kv[0]
         return None
-
-
-def _completion_and_member(entry: tuple[int, int, Request]) -> tuple[int, int]:
-    """Sort key of a span's finishes: (completion, member)."""
-    return entry[0], entry[1]
 
 
 def _decode_latencies(lat: LatencyModel, shape: BatchShape, first: int, k: int) -> list[int]:

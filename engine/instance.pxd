@@ -18,12 +18,23 @@ cdef class SpanPlan:
     cdef public list times
     cdef public list ends
     cdef public list first_prompt
-    cdef public object finish_at_c
+    cdef public long long[::1] finish_at_c
     cdef public long long wake
     cdef Py_ssize_t _k
     cdef Py_ssize_t _done
-    @cython.locals(times=list, k=Py_ssize_t, d=Py_ssize_t, fins=object)
+    @cython.locals(times=list, n=Py_ssize_t, k=Py_ssize_t, d=Py_ssize_t, tk="long long",
+                   fins="long long[::1]")
     cpdef long long finished_before(self, long long now_ns)
+
+cdef class Member:
+    cdef public str name
+    cdef public Scheduler scheduler
+    cdef public object latency
+    cdef public str role
+    cdef public StepLog log
+    cdef public object arrived_kv
+    cdef public long long num_steps
+    cdef public SpanPlan deferred
 
 cdef class EngineUnit:
     cdef public list members
@@ -71,9 +82,9 @@ cdef class EngineUnit:
     cpdef bint _hold(self, SpanPlan plan)
     cpdef interrupt(self, long long t)
 
-@cython.locals(running="long long")
-cdef double _load_score(Scheduler sched, object arrived_kv, SpanPlan deferred, long long now_ns)
+@cython.locals(running="long long", sched=Scheduler, deferred=SpanPlan)
+cdef double _load_score(Member m, long long now_ns)
 
 @cython.locals(n=Py_ssize_t, best=Py_ssize_t, best_score=double, off=Py_ssize_t, i=Py_ssize_t,
-               score=double, m=object)
+               score=double, m=Member)
 cpdef Py_ssize_t least_loaded(candidates, Py_ssize_t start, long long now_ns)

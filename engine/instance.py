@@ -54,7 +54,6 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from operator import itemgetter
 
 from engine.batch import BatchShape, LatencyModel, decode_advanced
@@ -87,20 +86,30 @@ class StepLog:
         self.gen_tokens = array("q")
 
 
-@dataclass(slots=True)
 class Member:
-    """One serving instance (one vLLM engine / DP rank)."""
+    """One serving instance (one vLLM engine / DP rank).
 
-    name: str
-    scheduler: Scheduler
-    latency: LatencyModel
-    role: str = "colocated"  # "colocated", "prefill" or "decode"
-    log: StepLog = field(default_factory=StepLog)
-    # P/D decode side: requests whose KV has arrived, waiting for a slot.
-    arrived_kv: deque[Request] = field(default_factory=deque)
-    num_steps: int = 0
-    # A decode span its unit planned but has not run yet (EngineUnit.poll's ``defer_ns``).
-    deferred: SpanPlan | None = None
+    A plain class with fixed fields (compiled, an extension type whose fields the router's
+    scan and the engine loop read as C struct members: ``engine/instance.pxd``)."""
+
+    __slots__ = ("name", "scheduler", "latency", "role", "log", "arrived_kv", "num_steps",
+                 "deferred")
+
+    def __init__(self, name: str, scheduler: Scheduler, latency: LatencyModel,
+                 role: str = "colocated") -> None:
+        self.name = name
+        self.scheduler = scheduler
+        self.latency = latency
+        self.role = role  # "colocated", "prefill" or "decode"
+        self.log = StepLog()
+        # P/D decode side: requests whose KV has arrived, waiting for a slot.
+        self.arrived_kv: deque[Request] = deque()
+        self.num_steps = 0
+        # A decode span its unit planned but has not run yet (EngineUnit.poll's ``defer_ns``).
+        self.deferred: SpanPlan | None = None
+
+    def __repr__(self) -> str:
+        return f"Member({self.name!r}, role={self.role!r})"
 
     @property
     def kv(self) -> KVCacheManager:
@@ -111,16 +120,17 @@ class Member:
         (what the instance holds after its operations before then: a held span's finishes
         count once their completion is before ``now_ns``; the default -1 reads the state the
         span was planned from)."""
-        return _load_score(self.scheduler, self.arrived_kv, self.deferred, now_ns)
+        return _load_score(self, now_ns)
 
 
-def _load_score(sched: Scheduler, arrived_kv: deque[Request], deferred: SpanPlan | None,
-                now_ns: int) -> float:
+def _load_score(m: Member, now_ns: int) -> float:
     """:meth:`Member.load` (its one formula, which :func:`least_loaded` reads directly)."""
+    sched = m.scheduler
     running = len(sched.running)
+    deferred = m.deferred
     if deferred is not None:
         running -= deferred.finished_before(now_ns)
-    return (4 * (len(sched.waiting) + len(arrived_kv)) + running) / sched.max_num_seqs
+    return (4 * (len(sched.waiting) + len(m.arrived_kv)) + running) / sched.max_num_seqs
 
 
 def least_loaded(candidates: Sequence[Member], start: int, now_ns: int) -> int:
@@ -130,13 +140,13 @@ def least_loaded(candidates: Sequence[Member], start: int, now_ns: int) -> int:
     n = len(candidates)
     best = start
     m = candidates[start]
-    best_score = _load_score(m.scheduler, m.arrived_kv, m.deferred, now_ns)
+    best_score = _load_score(m, now_ns)
     for off in range(1, n):
         i = start + off
         if i >= n:
             i -= n
         m = candidates[i]
-        score = _load_score(m.scheduler, m.arrived_kv, m.deferred, now_ns)
+        score = _load_score(m, now_ns)
         if score < best_score:
             best = i
             best_score = score
@@ -170,10 +180,16 @@ class SpanPlan:
         with ``times[k] < now_ns``). The router asks at non-decreasing times, so both counts
         only move forward (a cursor each; an earlier time restarts them)."""
         times = self.times
-        if self._k and times[self._k] >= now_ns:
-            self._k = self._done = 0
+        n = len(times)
         k = self._k
-        while k + 1 < len(times) and times[k + 1] < now_ns:
+        if k:
+            tk = times[k]  # (compiled: a C integer, so the comparisons below are C's)
+            if tk >= now_ns:
+                k = self._done = 0
+        while k + 1 < n:
+            tk = times[k + 1]
+            if tk >= now_ns:
+                break
             k += 1
         self._k = k
         fins = self.finish_at_c

@@ -4,6 +4,7 @@ from engine.scheduler cimport Scheduler
 cdef long long _MAX_CHUNK
 cdef long long _NO_ROUND
 cdef long long _DEFER_STEPS
+cdef object _ZEROS
 
 cdef class StepLog:
     cdef public object end_ns

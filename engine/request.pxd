@@ -3,15 +3,16 @@ cimport cython
 
 cdef unsigned long long _M64, _MUL, _FMIX1, _FMIX2
 
-cdef inline unsigned long long _mix(unsigned long long h, long long token)
+cdef inline unsigned long long _mix(unsigned long long h, long long token) noexcept
 
-cdef inline unsigned long long _finalise(unsigned long long h)
+cdef inline unsigned long long _finalise(unsigned long long h) noexcept
 
 @cython.locals(h="unsigned long long", i=Py_ssize_t)
 cdef unsigned long long _hash_block(unsigned long long parent, const long long[::1] ids,
                                     Py_ssize_t start, Py_ssize_t n)
 
-@cython.locals(k=Py_ssize_t, pos=Py_ssize_t, h="unsigned long long")
+@cython.locals(k=Py_ssize_t, pos=Py_ssize_t, stop=Py_ssize_t, split=Py_ssize_t,
+               h="unsigned long long", tok="long long")
 cpdef _hash_range_blocks(unsigned long long parent, Py_ssize_t first, Py_ssize_t end,
                          Py_ssize_t block_size, Py_ssize_t prompt_len, long long p_start,
                          long long p_step, long long o_start, long long o_step, list out)

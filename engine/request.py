@@ -125,11 +125,19 @@ def _hash_range_blocks(parent: int, first: int, end: int, block_size: int, promp
     folded in, so the sequence is never laid out as an array. The same hashes."""
     for k in range(first, end):
         h = parent
-        for pos in range(k * block_size, (k + 1) * block_size):
-            if pos < prompt_len:
-                h = _mix(h, p_start + pos * p_step)
-            else:
-                h = _mix(h, o_start + (pos - prompt_len) * o_step)
+        pos = k * block_size
+        stop = pos + block_size
+        split = prompt_len if prompt_len < stop else stop  # the block's prompt ids: pos .. split
+        tok = p_start + pos * p_step
+        while pos < split:
+            h = _mix(h, tok)
+            tok += p_step
+            pos += 1
+        tok = o_start + (pos - prompt_len) * o_step
+        while pos < stop:
+            h = _mix(h, tok)
+            tok += o_step
+            pos += 1
         parent = _finalise(h)
         out.append(parent)
 

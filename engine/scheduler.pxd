@@ -6,6 +6,7 @@ from engine.request cimport Request, TokenLog
 cpdef long long _first_kv_schedule(Request r, long long c0, bint async_)
 
 cdef long long _NO_OP
+cdef object _ZEROS, _NO_OPS
 
 @cython.locals(s="long long", u="long long")
 cdef inline (long long, long long) _next_checks(Request r, long long op, long long c0, long long lag, bint cache_async)

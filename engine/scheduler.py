@@ -84,6 +84,10 @@ def _first_kv_schedule(r: Request, c0: int, async_: bool) -> int:
 # An operation no decode span reaches (a request's completion-side check without async
 # prefix caching).
 _NO_OP = 1 << 62
+# One-element prototypes of the per-request arrays a span plan fills (``_ZEROS * n``: one
+# copy, cheaper than building an array from a list each time); never written to.
+_ZEROS = array("q", [0])
+_NO_OPS = array("q", [_NO_OP])
 
 
 def _next_checks(r: Request, op: int, c0: int, lag: int, cache_async: bool) -> tuple[int, int]:
@@ -409,12 +413,12 @@ class Scheduler:
         finishes = not self.waiting
         max_len = self.max_model_len
         lo_room = hi_room = 0
-        c0 = array("q", [0]) * n
-        rooms = array("q", [0]) * n
-        stops = array("q", [0]) * n
-        fins = array("q", [_NO_OP]) * n
-        next_s = array("q", [0]) * n
-        next_u = array("q", [_NO_OP]) * n
+        c0 = _ZEROS * n
+        rooms = _ZEROS * n
+        stops = _ZEROS * n
+        fins = _NO_OPS * n
+        next_s = _ZEROS * n
+        next_u = _NO_OPS * n
         openers: list[int] = []
         for pos in range(n):
             r = running[pos]

@@ -46,3 +46,4 @@ cdef class BlockPool:
     cpdef free_blocks(self, list ordered)
     @cython.locals(i=Py_ssize_t, b=Py_ssize_t, more=list, h="unsigned long long")
     cpdef cache_full_blocks(self, list blocks, list block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)
+    cpdef double usage(self)

@@ -76,6 +76,7 @@ cdef class EngineUnit:
     @cython.locals(sched=Scheduler, times=list, ends=list, ops="long long", n_s="long long",
                    n_c="long long", c="long long", log=StepLog, outs=list, finished=list,
                    first="long long", j=Py_ssize_t, k=Py_ssize_t, n_tail=Py_ssize_t, done=object,
+                   done_v="long long[::1]",
                    prompt=object, steps=list)
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
     @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list,

@@ -614,7 +614,12 @@ class EngineUnit:
         n_s = (ops + 1) // 2  # schedules S_0 .. S_{n_s - 1}
         n_c = ops // 2  # completions C_1 .. C_{n_c}
         self.gpu_free_at = ends[n_s - 1]
-        done = array("q", times[1 : n_c + 1]) if n_c else None
+        done = None  # the completions' times (C_1 .. C_n_c), as an int64 array
+        if n_c:
+            done = _ZEROS * n_c
+            done_v = done
+            for c in range(n_c):
+                done_v[c] = times[c + 1]
         finished: list[tuple[int, int, Request]] = []
         n_tail = 0
         for j in range(len(members)):

@@ -1,4 +1,5 @@
 cimport cython
+from engine.block_pool cimport BlockPool
 from engine.kv_cache cimport KVCacheManager
 from engine.request cimport Request, TokenLog
 
@@ -6,7 +7,7 @@ from engine.request cimport Request, TokenLog
 cpdef long long _first_kv_schedule(Request r, long long c0, bint async_)
 
 cdef long long _NO_OP
-cdef object _ZEROS, _NO_OPS
+cdef object _ZEROS, _NO_OPS, _ZERO_FLOATS
 
 @cython.locals(s="long long", u="long long")
 cdef inline (long long, long long) _next_checks(Request r, long long op, long long c0, long long lag, bint cache_async)
@@ -58,10 +59,11 @@ cdef class Scheduler:
     @cython.locals(bs="long long", running=list, c0="long long[::1]", stop="long long[::1]", need="long long",
                    p=Py_ssize_t, sc="long long", extra="long long", r=Request)
     cpdef bint span_blocks_serve(self, span, long long n_s)
-    @cython.locals(running=list, kv=KVCacheManager, async_=bint, cache_async=bint, n_ops_max="long long",
-                   lag="long long", c0="long long[::1]", room="long long[::1]",
+    @cython.locals(running=list, kv=KVCacheManager, pool=BlockPool, async_=bint, cache_async=bint,
+                   n_ops_max="long long", lag="long long", c0="long long[::1]", room="long long[::1]",
                    stop="long long[::1]", fin="long long[::1]", next_s="long long[::1]", next_u="long long[::1]",
-                   due="long long", todo=list, n=Py_ssize_t, gen=list, run_after=list, usage=list, finished=list,
+                   due="long long", todo=list, n=Py_ssize_t, max_c="long long", gen_v="long long[::1]",
+                   run_v="long long[::1]", usage_v="double[::1]", finished=list,
                    sizes=list, n_run=Py_ssize_t, size=Py_ssize_t, cut="long long", op="long long", i="long long",
                    need="long long", p=Py_ssize_t, r=Request, c="long long", after="long long", nt="long long",
                    nt0="long long", upto="long long", k="long long", done_s="long long", done_c="long long",

@@ -63,9 +63,9 @@ class SpanOutcome:
     (its last ``len(tail)`` schedules, oldest first)."""
 
     ops: int
-    gen: list[int]
-    running: list[int]
-    usage: list[float]
+    gen: array  # int64
+    running: array  # int64
+    usage: array  # float64
     finished: list[tuple[int, Request]]
     tail: list[ScheduledStep]
 
@@ -88,6 +88,7 @@ _NO_OP = 1 << 62
 # copy, cheaper than building an array from a list each time); never written to.
 _ZEROS = array("q", [0])
 _NO_OPS = array("q", [_NO_OP])
+_ZERO_FLOATS = array("d", [0.0])
 
 
 def _next_checks(r: Request, op: int, c0: int, lag: int, cache_async: bool) -> tuple[int, int]:
@@ -537,9 +538,15 @@ class Scheduler:
         c0, room, stop, fin = span.c0, span.room, span.stop, span.fin
         next_s, next_u = span.next_s, span.next_u
         n = len(running)
-        gen: list[int] = []
-        run_after: list[int] = []
-        usage: list[float] = []
+        # Per completion done: written in place (compiled: C stores through typed views),
+        # handed on cut to the completions done, for the engine loop's logs to copy whole.
+        max_c = n_ops_max // 2
+        gen = _ZEROS * max_c
+        run_after = _ZEROS * max_c
+        usage = _ZERO_FLOATS * max_c
+        gen_v = gen
+        run_v = run_after
+        usage_v = usage
         finished: list[tuple[int, Request]] = []
         sizes: list[int] = []  # requests of each schedule done
         n_run = n
@@ -611,9 +618,9 @@ class Scheduler:
                             next_s[p] = next_u[p] = fin[p] = _NO_OP
                             n_run -= 1
                 k = i - 2 + lag
-                gen.append(sizes[k] if k >= 0 else n)
-                run_after.append(n_run)
-                usage.append(pool.usage())
+                gen_v[i - 1] = sizes[k] if k >= 0 else n
+                run_v[i - 1] = n_run
+                usage_v[i - 1] = pool.usage()
             if op == due:
                 due = _first_due(next_s, next_u, fin)
             op += 1
@@ -664,7 +671,7 @@ class Scheduler:
                     if r.status != fin_state:
                         kept.append(r)
                 running[:] = kept
-        return SpanOutcome(op, gen, run_after, usage, finished, tail)
+        return SpanOutcome(op, gen[:done_c], run_after[:done_c], usage[:done_c], finished, tail)
 
     # -- outputs -------------------------------------------------------------------------
     def update_from_output(self, step: ScheduledStep, now_ns: int) -> list[Request]:

@@ -630,7 +630,7 @@ class EngineUnit:
             sched = m.scheduler
             m.num_steps += n_s
             # Completed steps are only logged (as _complete_oldest / _record would log them).
-            if n_c:  # (in bulk: one extend per column; arrays where a column repeats a value)
+            if n_c:  # (in bulk: one extend per column, each an int64 / float64 array)
                 log = m.log
                 sched.token_log.times.extend(done)
                 log.end_ns.extend(done)

@@ -84,8 +84,9 @@ def _first_kv_schedule(r: Request, c0: int, async_: bool) -> int:
 # An operation no decode span reaches (a request's completion-side check without async
 # prefix caching).
 _NO_OP = 1 << 62
-# One-element prototypes of the per-request arrays a span plan fills (``_ZEROS * n``: one
-# copy, cheaper than building an array from a list each time); never written to.
+# One-element prototypes of the per-request arrays a span plan fills and of the
+# per-completion columns ``decode_span`` writes (``_ZEROS * n``: one copy, cheaper than
+# building an array from a list each time); never written to.
 _ZEROS = array("q", [0])
 _NO_OPS = array("q", [_NO_OP])
 _ZERO_FLOATS = array("d", [0.0])

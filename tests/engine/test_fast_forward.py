@@ -96,7 +96,7 @@ def _assert_same(a, b, ua, ub) -> None:
             assert pa.num_evictions == pb.num_evictions
 
 
-SPANS = {"steps": 0, "with_queue": 0, "deferred": 0, "interrupted": 0, "dp_group": 0}
+SPANS = {"steps": 0, "with_queue": 0, "deferred": 0, "interrupted": 0}
 
 
 def _count_spans(units) -> None:
@@ -106,8 +106,6 @@ def _count_spans(units) -> None:
         for m in u.members:
             SPANS["steps"] += m.scheduler.span_steps
             SPANS["with_queue"] += m.scheduler.span_steps_queued
-            if len(u.members) > 1:
-                SPANS["dp_group"] += m.scheduler.span_steps
 
 
 @st.composite
@@ -180,9 +178,8 @@ def test_decode_spans_ran_in_the_property_test():
     if not SPANS["steps"]:
         pytest.skip("runs only after the property test in the same session")
     assert SPANS["steps"] > 1000, SPANS
-    # DP groups spanned too (how many of the examples are DP groups is the draw's: the
-    # deterministic test_dp_group_spans_equal_step_by_step bounds the share)
-    assert SPANS["dp_group"] > 0, SPANS
+    # Whether the draws' DP groups span is the draws' (one run of five here drew none):
+    # test_dp_group_spans_equal_step_by_step asserts that DP groups span, on fixed inputs.
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])

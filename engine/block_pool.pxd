@@ -45,5 +45,5 @@ cdef class BlockPool:
     @cython.locals(b=Py_ssize_t, r=int)
     cpdef free_blocks(self, list ordered)
     @cython.locals(i=Py_ssize_t, b=Py_ssize_t, more=list, h="unsigned long long")
-    cpdef cache_full_blocks(self, list blocks, list block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)
+    cpdef cache_full_blocks(self, list blocks, const unsigned long long[::1] block_hashes, Py_ssize_t num_cached, Py_ssize_t num_full)
     cpdef double usage(self)

@@ -269,7 +269,7 @@ class BlockPool:
                 self.num_free += 1
 
     def cache_full_blocks(
-        self, blocks: list[int], block_hashes: list[int], num_cached: int, num_full: int
+        self, blocks: list[int], block_hashes: array, num_cached: int, num_full: int
     ) -> None:
         """Register blocks ``[num_cached, num_full)`` of a request under their chained hashes."""
         for i in range(num_cached, num_full):

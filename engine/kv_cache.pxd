@@ -15,14 +15,14 @@ cdef class KVCacheManager:
     cdef public object tiers
     cdef public object kv_bytes_per_token
 
-    @cython.locals(max_blocks=Py_ssize_t, hits=list, pool=BlockPool, hashes=list, i=Py_ssize_t, b=Py_ssize_t,
+    @cython.locals(max_blocks=Py_ssize_t, hits=list, pool=BlockPool, hashes="const unsigned long long[::1]", i=Py_ssize_t, b=Py_ssize_t,
                    n="long long")
     cpdef tuple get_computed_blocks(self, Request req)
     @cython.locals(need_slots="long long", k="long long", upto="long long", blocks=list, total_computed="long long", n_alloc="long long")
     cpdef bint allocate_slots(self, Request req, long long num_new_tokens, long long num_new_computed_tokens=*, list hit_blocks=*)
     @cython.locals(bs=Py_ssize_t, slots="long long", cache_at="long long")
     cpdef _set_thresholds(self, Request req, list blocks)
-    @cython.locals(num_full=Py_ssize_t, blocks=list, hashes=list, done="long long")
+    @cython.locals(num_full=Py_ssize_t, blocks=list, hashes="const unsigned long long[::1]", done="long long")
     cpdef cache_blocks(self, Request req, long long num_tokens)
     @cython.locals(blocks=list)
     cpdef free(self, Request req)

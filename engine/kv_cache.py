@@ -121,7 +121,7 @@ class KVCacheManager:
         max_blocks = (req.num_tokens - 1) // self.block_size
         hits: list[int] = []
         pool = self.pool
-        hashes = req.hashes(max_blocks)
+        hashes = req.hash_view(max_blocks)
         for i in range(max_blocks):
             b = pool.lookup(hashes[i])
             if b < 0:
@@ -263,13 +263,13 @@ class KVCacheManager:
         done = req.kv_num_cached
         if done < 0 or num_full <= done:  # no block table, or nothing newly full
             return
-        hashes = req.hashes(num_full)
+        hashes = req.hash_view(num_full)
         blocks = req.kv_blocks
         self.pool.cache_full_blocks(blocks, hashes, done, num_full)
         req.kv_num_cached = num_full
         self._set_thresholds(req, blocks)
         if self.tiers is not None:
-            self.tiers.write_down(hashes, done, num_full)
+            self.tiers.write_down(req.hashes(num_full), done, num_full)
 
     def free(self, req: Request) -> None:
         """Release a request's blocks tail-first so its last block is evicted first."""

@@ -15,14 +15,15 @@ cdef unsigned long long _hash_block(unsigned long long parent, const long long[:
                h="unsigned long long", tok="long long")
 cpdef _hash_range_blocks(unsigned long long parent, Py_ssize_t first, Py_ssize_t end,
                          Py_ssize_t block_size, Py_ssize_t prompt_len, long long p_start,
-                         long long p_step, long long o_start, long long o_step, list out)
+                         long long p_step, long long o_start, long long o_step,
+                         unsigned long long[::1] out)
 
 @cython.locals(i=Py_ssize_t)
 cdef void _fill_range(long long[::1] out, long long start, long long step)
 
 @cython.locals(k=Py_ssize_t)
 cpdef _hash_blocks(unsigned long long parent, const long long[::1] ids, Py_ssize_t first,
-                   Py_ssize_t end, Py_ssize_t block_size, list out)
+                   Py_ssize_t end, Py_ssize_t block_size, unsigned long long[::1] out)
 
 cdef class TokenLog:
     cdef public object times
@@ -38,7 +39,8 @@ cdef class Request:
     cdef public object prompt_ids
     cdef public object output_ids
     cdef public Py_ssize_t block_size
-    cdef public list _block_hashes
+    cdef public object _block_hashes
+    cdef unsigned long long[::1] _hash_view
     cdef public long long num_tokens
     cdef public long long num_computed_tokens
     cdef public long long num_output_placeholders
@@ -59,7 +61,8 @@ cdef class Request:
     cdef public long long tok_next
     cdef public tuple tok_open
     cdef public list tok_runs
-    @cython.locals(h=list)
-    cpdef list hashes(self, Py_ssize_t num_blocks)
-    @cython.locals(bs=Py_ssize_t, total=Py_ssize_t, h=list)
-    cpdef list _sequence_hashes(self)
+    @cython.locals(h=object)
+    cpdef object hashes(self, Py_ssize_t num_blocks)
+    cpdef unsigned long long[::1] hash_view(self, Py_ssize_t num_blocks)
+    @cython.locals(bs=Py_ssize_t, total=Py_ssize_t, h=object)
+    cpdef object _sequence_hashes(self)

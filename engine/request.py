@@ -12,8 +12,9 @@ full blocks of the tokens reached so far get one (``Request.block_hashes``). The
 computed on demand, the first time the KV manager, a tier or the router needs one: every
 full block of the whole sequence at once, since its ids are known (a hash depends on the
 block's tokens and its parent alone, so when it is computed does not change its value; the
-KV manager then asks once per block boundary crossed, and each ask only reads the list), and
-dropped when the request finishes.
+KV manager then asks once per block boundary crossed, and each ask only reads them), kept as
+one uint64 array (8 bytes a hash, no int object per block), and dropped when the request
+finishes.
 
 Output token times are kept as runs of steps: each scheduler logs the time of every step
 it applies (:class:`TokenLog`), and a request records which contiguous runs of that log
@@ -103,8 +104,9 @@ def _hash_block(parent: int, ids: array, start: int, n: int) -> int:
 
 
 def _hash_blocks(parent: int, ids: array, first: int, end: int, block_size: int,
-                 out: list[int]) -> None:
-    """Append the chained hash of blocks ``first .. end - 1`` of ``ids`` to ``out``.
+                 out: array) -> None:
+    """Write the chained hash of blocks ``first .. end - 1`` of ``ids`` to ``out[first ..
+    end - 1]`` (a uint64 array of at least ``end`` entries).
 
     vLLM's ``hash_block_tokens`` hashes ``(parent_block_hash, tuple(block_token_ids),
     extra_keys)`` with sha256 or Python's hash; here :func:`_hash_block`, a 64-bit hash of the
@@ -113,12 +115,12 @@ def _hash_blocks(parent: int, ids: array, first: int, end: int, block_size: int,
     """
     for k in range(first, end):
         parent = _hash_block(parent, ids, k * block_size, block_size)
-        out.append(parent)
+        out[k] = parent
 
 
 def _hash_range_blocks(parent: int, first: int, end: int, block_size: int, prompt_len: int,
                        p_start: int, p_step: int, o_start: int, o_step: int,
-                       out: list[int]) -> None:
+                       out: array) -> None:
     """:func:`_hash_blocks` of a sequence whose prompt and outputs are both ``range``s
     (``prompt_len`` ids from ``p_start`` by ``p_step``, then outputs from ``o_start`` by
     ``o_step``: placeholder prompts and generated outputs), each id computed where it is
@@ -139,15 +141,15 @@ def _hash_range_blocks(parent: int, first: int, end: int, block_size: int, promp
             tok += o_step
             pos += 1
         parent = _finalise(h)
-        out.append(parent)
+        out[k] = parent
 
 
-def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+def chained_block_hashes(token_ids: Sequence[int], block_size: int) -> array:
     """The chained hash of every full block of ``token_ids``: ``h_i = H(h_{i-1}, block_i)``
-    (the hashes a request with these ids carries once they are all reached)."""
-    hashes: list[int] = []
-    _hash_blocks(NONE_HASH, _int64_array(token_ids), 0, len(token_ids) // block_size,
-                 block_size, hashes)
+    (the hashes a request with these ids carries once they are all reached), a uint64 array."""
+    n = len(token_ids) // block_size
+    hashes = array("Q", bytes(8 * n))
+    _hash_blocks(NONE_HASH, _int64_array(token_ids), 0, n, block_size, hashes)
     return hashes
 
 
@@ -192,6 +194,7 @@ class Request:
         "output_ids",
         "block_size",
         "_block_hashes",
+        "_hash_view",
         "num_tokens",
         "num_computed_tokens",
         "num_output_placeholders",
@@ -232,7 +235,10 @@ class Request:
             out = out[: spec.output_len]
         self.output_ids: Sequence[int] = out
         self.block_size = block_size
-        self._block_hashes: list[int] | None = None
+        # The block hashes once asked for (a uint64 array) and, compiled, a typed view over
+        # that same array for the KV manager (interpreted: the array itself).
+        self._block_hashes: array | None = None
+        self._hash_view = None
         self.num_tokens = self.prompt_len  # prompt + outputs accepted so far
         self.num_computed_tokens = 0
         self.num_output_placeholders = 0  # async scheduling: scheduled, not yet returned
@@ -287,26 +293,33 @@ class Request:
             return tuple(self.output_ids[start - p : end - p])
         return tuple(self.prompt_ids[start:]) + tuple(self.output_ids[: end - p])
 
-    def hashes(self, num_blocks: int) -> list[int]:
-        """The chained hashes of (at least) the first ``num_blocks`` full blocks; callers
-        ask only for blocks the tokens reached so far fill (vLLM hashes a block once it is
-        full: ``Request.update_block_hashes``). The first call hashes every full block of the
-        prompt and all the outputs (see the module docstring)."""
+    def hashes(self, num_blocks: int) -> array:
+        """The chained hashes of (at least) the first ``num_blocks`` full blocks, a uint64
+        array; callers ask only for blocks the tokens reached so far fill (vLLM hashes a
+        block once it is full: ``Request.update_block_hashes``). The first call hashes every
+        full block of the prompt and all the outputs (see the module docstring)."""
         h = self._block_hashes
         if h is None:
             h = self._block_hashes = self._sequence_hashes()
-        if len(h) < num_blocks:  # (callers index the list unchecked when compiled)
+            self._hash_view = h
+        if len(h) < num_blocks:  # (callers index the hashes unchecked when compiled)
             raise ValueError(f"request {self.request_id!r}: {num_blocks} full blocks asked for, "
                              f"its whole sequence has {len(h)}")
         return h
 
-    def _sequence_hashes(self) -> list[int]:
+    def hash_view(self, num_blocks: int) -> array:
+        """:meth:`hashes` as the compiled KV manager reads them: a typed view over the same
+        array (interpreted, the array)."""
+        self.hashes(num_blocks)
+        return self._hash_view
+
+    def _sequence_hashes(self) -> array:
         """The chained hash of every full block of the prompt followed by every output (two
         ranges are hashed without laying the ids out)."""
         p, o = self.prompt_ids, self.output_ids
         bs = self.block_size
         total = (self.prompt_len + len(o)) // bs
-        h: list[int] = []
+        h = array("Q", bytes(8 * total))
         if type(p) is range and type(o) is range:
             _hash_range_blocks(NONE_HASH, 0, total, bs, self.prompt_len,
                                p.start, p.step, o.start, o.step, h)
@@ -317,8 +330,9 @@ class Request:
         return h
 
     @property
-    def block_hashes(self) -> list[int]:
-        """vLLM ``Request.block_hashes``: one hash per full block of the tokens reached."""
+    def block_hashes(self) -> array:
+        """vLLM ``Request.block_hashes``: one hash per full block of the tokens reached (a
+        uint64 array)."""
         n = self.num_tokens // self.block_size
         h = self.hashes(n)
         return h if len(h) == n else h[:n]
@@ -327,6 +341,7 @@ class Request:
         """Drop what only a live request needs (its block hashes); they are recomputed if
         asked for again."""
         self._block_hashes = None
+        self._hash_view = None
 
     # -- output token times ---------------------------------------------------------------
     def open_run(self, log: TokenLog, step: int) -> None:

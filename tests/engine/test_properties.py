@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -116,7 +118,7 @@ def test_block_pool_ledger(ops) -> None:
             blocks = pool.get_new_blocks(k)
             hashes = list(range(next_hash, next_hash + k))
             next_hash += k
-            pool.cache_full_blocks(blocks, hashes, 0, k)
+            pool.cache_full_blocks(blocks, array("Q", hashes), 0, k)
             owned.append(blocks)
         elif op == "free" and owned:
             blocks = owned.pop(k % len(owned))

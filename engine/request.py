@@ -300,14 +300,15 @@ class Request:
         full block of the prompt and all the outputs (see the module docstring)."""
         h = self._block_hashes
         if h is None:
-            h = self._block_hashes = self._sequence_hashes()
+            h = self._sequence_hashes()
             self._hash_view = h
+            self._block_hashes = h
         if len(h) < num_blocks:  # (callers index the hashes unchecked when compiled)
             raise ValueError(f"request {self.request_id!r}: {num_blocks} full blocks asked for, "
                              f"its whole sequence has {len(h)}")
         return h
 
-    def hash_view(self, num_blocks: int) -> array:
+    def hash_view(self, num_blocks: int) -> Sequence[int]:
         """:meth:`hashes` as the compiled KV manager reads them: a typed view over the same
         array (interpreted, the array)."""
         self.hashes(num_blocks)
@@ -336,6 +337,12 @@ class Request:
         n = self.num_tokens // self.block_size
         h = self.hashes(n)
         return h if len(h) == n else h[:n]
+
+    def __reduce__(self) -> tuple:
+        """Pickled by its fields without its block hashes, which are recomputed when next
+        asked for (a hash depends on the ids alone; the compiled class's typed view over them
+        cannot be pickled)."""
+        return (_unpickled_request, (type(self), {k: getattr(self, k) for k in _PICKLED}))
 
     def release(self) -> None:
         """Drop what only a live request needs (its block hashes); they are recomputed if
@@ -385,3 +392,16 @@ class Request:
             f"Request({self.request_id!r}, tokens={self.num_tokens}, "
             f"computed={self.num_computed_tokens}, status={RequestStatus(self.status).name})"
         )
+
+
+# What a pickled Request carries: every field but the block hashes and their view.
+_PICKLED = tuple(f for f in Request.__slots__ if f not in ("_block_hashes", "_hash_view"))
+
+
+def _unpickled_request(cls: type[Request], fields: dict) -> Request:
+    """A :class:`Request` (or subclass) rebuilt from :meth:`Request.__reduce__`'s fields."""
+    r = cls.__new__(cls)
+    for k, v in fields.items():
+        setattr(r, k, v)
+    r.release()  # no hashes yet: computed when first asked for
+    return r

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from array import array
 
 import numpy as np
@@ -152,3 +153,25 @@ def test_asking_beyond_the_sequence_is_refused() -> None:
     r = _req(range(0, 40), out_len=30)
     with pytest.raises(ValueError, match="5 full blocks asked for"):
         r.hashes(5)  # 70 tokens: 4 full blocks
+
+
+def test_the_hash_view_reads_the_hashes() -> None:
+    """The KV manager's view and the hashes are the same values, also after a release."""
+    r = _req(range(0, 40), out_len=30)
+    assert list(r.hash_view(4)) == list(r.hashes(4)) == list(chained_block_hashes(
+        list(range(40)) + list(r.output_ids), 16))
+    r.release()
+    assert list(r.hash_view(2)) == list(r.hashes(4))
+
+
+def test_a_request_pickles_with_its_state_and_recomputes_its_hashes() -> None:
+    r = _req(range(0, 40), out_len=30, index=3)
+    r.num_tokens = 55
+    r.num_computed_tokens = 48
+    want = list(r.hashes(4))
+    back = pickle.loads(pickle.dumps(r))
+    assert type(back) is Request
+    for name in Request.__slots__:
+        if name not in ("_block_hashes", "_hash_view"):
+            assert getattr(back, name) == getattr(r, name), name
+    assert list(back.hashes(4)) == want and list(back.hash_view(4)) == want

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import engine.instance as instance_mod
@@ -96,7 +96,7 @@ def _assert_same(a, b, ua, ub) -> None:
             assert pa.num_evictions == pb.num_evictions
 
 
-SPANS = {"steps": 0, "with_queue": 0, "deferred": 0, "interrupted": 0}
+SPANS = {"steps": 0, "with_queue": 0, "deferred": 0, "interrupted": 0, "dp_group": 0}
 
 
 def _count_spans(units) -> None:
@@ -106,6 +106,8 @@ def _count_spans(units) -> None:
         for m in u.members:
             SPANS["steps"] += m.scheduler.span_steps
             SPANS["with_queue"] += m.scheduler.span_steps_queued
+            if len(u.members) > 1:
+                SPANS["dp_group"] += m.scheduler.span_steps
 
 
 @st.composite
@@ -130,9 +132,17 @@ def replica_settings(draw):
     return sc
 
 
+# A DP group that spans, whatever the draws give (one run of five here drew none).
+_DP_EXAMPLE = dict(seed=0, topology="dp", router="round_robin", async_scheduling=False,
+                   reserve_full_isl=False, chunked=False, threshold=0, caching=False,
+                   cpu_tier=False, max_num_seqs=24, budget=256, slack_blocks=40,
+                   num_requests=300, overhead_us=0.0, hidden_ms=0.0, frontend=None)
+
+
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(settings_())
+@example(_DP_EXAMPLE)
 def test_decode_spans_equal_step_by_step(monkeypatch, sc):
     _check_spans_equal(monkeypatch, sc)
 
@@ -178,8 +188,9 @@ def test_decode_spans_ran_in_the_property_test():
     if not SPANS["steps"]:
         pytest.skip("runs only after the property test in the same session")
     assert SPANS["steps"] > 1000, SPANS
-    # Whether the draws' DP groups span is the draws' (one run of five here drew none):
-    # test_dp_group_spans_equal_step_by_step asserts that DP groups span, on fixed inputs.
+    # DP groups spanned too (the explicit DP example always runs; how many drawn examples
+    # are DP groups is the draw's: test_dp_group_spans_equal_step_by_step bounds the share)
+    assert SPANS["dp_group"] > 0, SPANS
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])

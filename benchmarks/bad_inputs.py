@@ -112,6 +112,7 @@ CASES = [
     Case("sqlite under an unwritable path", ["tracking.uri=sqlite:////proc/nope/mlflow.db"], "tracking.uri"),
     Case("study.name escaping multirun/", ["study.name=../../escaped"], "study.name"),
     Case("retry_budget_s -1", ["tracking.retry_budget_s=-1"], "tracking.retry_budget_s"),
+    Case("timeseries_steps 0", ["tracking.timeseries_steps=0"], "tracking.timeseries_steps"),
     Case("groundtruth dir missing", ["groundtruth.dir=/nonexistent"], "groundtruth.dir"),
     # launcher
     Case("num_actors 0", ["hydra.launcher.num_actors=0"], "hydra.launcher.num_actors"),

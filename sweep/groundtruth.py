@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from analysis.answers import point_answers
 from analysis.groundtruth import engine_settings, load_groundtruth
 from analysis.slo import SloSpec
+from sweep.tracking import chart_series
 from sweep.validate import resolve_path
 
 # vLLM time-series columns -> the simulator's names.
@@ -57,9 +58,11 @@ def _answers(gt_dir: str, slo: DictConfig) -> tuple[Any, Any]:
     return gt, point_answers(gt.requests, SloSpec.from_config(slo), view="engine")
 
 
-def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: str | None
-                        ) -> tuple[str, dict[str, float]]:
-    """Create the ``vllm-groundtruth`` run; return its id and metrics."""
+def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: str | None,
+                        max_steps: int | None = None) -> tuple[str, dict[str, float]]:
+    """Create the ``vllm-groundtruth`` run; return its id and metrics. Its ``ts/`` series
+    are bounded to ``max_steps`` as the simulated runs' are (``tracking.timeseries_steps``,
+    ``sweep.tracking.chart_series``)."""
     gt, answers = _answers(gt_dir, slo)
     metrics = answers.metrics
     run_id = tracker.create_run(
@@ -83,7 +86,7 @@ def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: s
     if missing:
         tracker.set_tags(run_id, {"missing_series": ",".join(missing)})
     if series and len(set(steps)) == len(steps):
-        tracker.log_series(run_id, series, steps)
+        tracker.log_series(run_id, *chart_series(series, steps, max_steps))
     tracker.log_artifact(run_id, gt.path / "vllm" / "meta.json")
     tracker.finish(run_id, "FINISHED")
     return run_id, metrics

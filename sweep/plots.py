@@ -7,11 +7,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
+from matplotlib import rc_context
 from matplotlib.figure import Figure
 
-# Figures are made as ``Figure`` objects and saved through the Agg canvas ``savefig`` picks for
-# PNG, without ``matplotlib.pyplot`` (its import and backend set-up cost the driver ~0.35 s,
+# Figures are made as ``Figure`` objects and saved through the canvas ``savefig`` picks for the
+# format, without ``matplotlib.pyplot`` (its import and backend set-up cost the driver ~0.35 s,
 # and no figure here is ever shown).
+
+# The per-point plot is SVG: the driver draws one per point, and an SVG with its text left as
+# text (``svg.fonttype: none``) took 37 ms against 77 ms for a 72-dpi PNG of the same figure
+# and is half the size (63 against 131 KB, a 323-s point). MLflow's artifact view shows .svg
+# as an image. A fixed hash salt and no date make the same series give the same bytes.
+_SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "servesweep"}
 
 
 class _SeriesFigure:
@@ -38,7 +45,7 @@ class _SeriesFigure:
         axes[2].set_xlabel("simulated time (s)")
         axes[2].legend(loc="upper right")
 
-    def png(self, series: Mapping[str, Sequence[float]], title: str) -> bytes:
+    def svg(self, series: Mapping[str, Sequence[float]], title: str) -> bytes:
         t = list(series.get("t_s", []))
         for ax, names, lines in zip(self.axes, self.PANELS, self.lines, strict=True):
             for name, line in zip(names, lines, strict=True):
@@ -48,21 +55,22 @@ class _SeriesFigure:
         self.axes[1].set_ylim(0, 105)
         self.axes[0].set_title(title, fontsize=9)
         buf = io.BytesIO()
-        self.fig.savefig(buf, format="png", dpi=72)
+        with rc_context(_SVG_RC):
+            self.fig.savefig(buf, format="svg", metadata={"Date": None})
         return buf.getvalue()
 
 
 _FIGURE: _SeriesFigure | None = None
 
 
-def timeseries_png(series: Mapping[str, Sequence[float]], title: str) -> bytes:
+def timeseries_svg(series: Mapping[str, Sequence[float]], title: str) -> bytes:
     """Running/waiting requests, KV-cache usage and token throughput over simulated time,
-    as PNG bytes. The sweep driver's recorder draws it (``SweepRecorder._plot``), so the
+    as SVG bytes. The sweep driver's recorder draws it (``SweepRecorder._plot``), so the
     actors never import matplotlib."""
     global _FIGURE
     if _FIGURE is None:
         _FIGURE = _SeriesFigure()
-    return _FIGURE.png(series, title)
+    return _FIGURE.svg(series, title)
 
 
 def study_plot(

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from sweep.claims import Claims, Decision, PointClaim
 from sweep.config_hash import HASH_KEY, point_hash
 from sweep.gc_policy import launch_ended, long_lived
-from sweep.tracking import TrackingError, TrackingWriteError, finite_metrics
+from sweep.tracking import TrackingError, TrackingWriteError, chart_series, finite_metrics
 
 log = logging.getLogger(__name__)
 
@@ -440,15 +440,15 @@ class SweepRecorder:
         return self.sweep_dir / str(subdir) if subdir is not None else self.sweep_dir
 
     def _plot(self, value: dict[str, Any], overrides: list[str]) -> None:
-        """Draw the point's time-series plot into ``value["timeseries_png"]`` when
+        """Draw the point's time-series plot into ``value["timeseries_svg"]`` when
         ``tracking.plots`` (here, in the driver, so the actors never import matplotlib: 27 MiB
         and 0.3 s each); titled with the job's overrides, else the study's name."""
         series = value.get("timeseries") or {}
-        if not self.tracking.get("plots") or value.get("timeseries_png") or not series.get("t_s"):
+        if not self.tracking.get("plots") or value.get("timeseries_svg") or not series.get("t_s"):
             return
-        from sweep.plots import timeseries_png
+        from sweep.plots import timeseries_svg
 
-        value["timeseries_png"] = timeseries_png(series, " ".join(overrides)
+        value["timeseries_svg"] = timeseries_svg(series, " ".join(overrides)
                                                  or str(self.study["name"]))
 
     def _write_job_files(self, out_dir: Path, point: dict[str, Any],
@@ -470,7 +470,7 @@ class SweepRecorder:
             return files, f"{type(err).__name__}: {err}"
         if value is not None:  # the bulky parts now live on disk; keep only their paths
             for key, name in (("requests_parquet", "requests.parquet"),
-                              ("timeseries_png", "timeseries.png")):
+                              ("timeseries_svg", "timeseries.svg")):
                 if value.pop(key, None) is not None and (out_dir / name).is_file():
                     value[key + "_file"] = str(out_dir / name)
         return files, None
@@ -486,8 +486,8 @@ class SweepRecorder:
             pq.write_table(pa.Table.from_pandas(pd.DataFrame(series), preserve_index=False), sink)
             files.append(atomic_write(out_dir / "timeseries.parquet",
                                       sink.getvalue().to_pybytes()))
-        if value.get("timeseries_png"):
-            files.append(atomic_write(out_dir / "timeseries.png", value["timeseries_png"]))
+        if value.get("timeseries_svg"):
+            files.append(atomic_write(out_dir / "timeseries.svg", value["timeseries_svg"]))
         return files
 
     def _run_name(self, idx: int, cfg: DictConfig) -> str:
@@ -519,12 +519,12 @@ class SweepRecorder:
             tags = {}
         # params, tags, metrics and the time series: one batched write (``Tracker.log_point``)
         series = (value.get("timeseries") or {}) if value is not None else {}
-        logged = bool(self.tracking.get("timeseries") and series.get("t_s"))
-        tr.log_point(
-            run_id, params, value["metrics"] if value is not None else {}, tags,
-            {k: v for k, v in series.items() if k != "t_s"} if logged else None,
-            [int(t) for t in series["t_s"]] if logged else None,
-        )
+        charted, steps = (
+            chart_series({k: v for k, v in series.items() if k != "t_s"}, series["t_s"],
+                         self.tracking.get("timeseries_steps"))
+            if self.tracking.get("timeseries") and series.get("t_s") else (None, None))
+        tr.log_point(run_id, params, value["metrics"] if value is not None else {}, tags,
+                     charted, steps)
         for path in files:
             tr.log_artifact(run_id, path)
         tr.finish(run_id, ("FAILED" if status == "failed" else "FINISHED") if complete
@@ -555,7 +555,8 @@ class SweepRecorder:
         from sweep.groundtruth import log_groundtruth_run
 
         _, self.groundtruth_metrics = log_groundtruth_run(
-            self.tracker, self.groundtruth, self.slo, self.parent_id
+            self.tracker, self.groundtruth, self.slo, self.parent_id,
+            self.tracking.get("timeseries_steps"),
         )
 
 

@@ -22,10 +22,12 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+import numpy as np
 
 # MLflow logs its schema migrations at INFO through alembic; keep the console quiet.
 logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -45,7 +47,7 @@ with long_lived():
 from sweep.store_check import TrackingError, check_store, sqlite_path  # noqa: E402
 
 __all__ = ["TrackingError", "TrackingWriteError", "Tracker", "RetryPolicy", "check_store",
-           "finite_metrics", "sqlite_path"]
+           "chart_series", "finite_metrics", "sqlite_path"]
 
 MAX_PARAMS = 100  # per log_batch call (MLflow's limits: 100 params, 100 tags,
 MAX_TAGS = 100  # 1000 metrics, 1000 entities in all)
@@ -112,6 +114,33 @@ def finite_metrics(metrics: Mapping[str, float]) -> tuple[dict[str, float], dict
             v = math.nan
         out[key] = v
     return out, replaced
+
+
+def chart_series(series: Mapping[str, Sequence[float]], steps: Sequence[int],
+                 max_steps: int | None) -> tuple[dict[str, list[float]], list[int]]:
+    """``series`` (columns aligned with ``steps``) in at most ``max_steps`` steps, for MLflow.
+
+    Unchanged when it has no more (or ``max_steps`` is ``None``). Otherwise consecutive
+    samples are taken in bins of ``w = ceil(n / max_steps)`` (the last bin holds the rest):
+    each column's value is the mean over its bin and the step is the bin's last step, so a
+    per-second throughput stays a rate and the chart's x axis stays in seconds. The full
+    series is the point's ``timeseries.parquet``."""
+    n = len(steps)
+    if max_steps is None or n <= max_steps:
+        return {k: [float(v) for v in col] for k, col in series.items()}, [int(t) for t in steps]
+    if max_steps < 1:
+        raise ValueError(f"max_steps={max_steps}: must be >= 1")
+    w = -(-n // max_steps)
+    ends = list(range(w, n, w)) + [n]
+    binned = {}
+    for name, col in series.items():
+        values = np.asarray(col, dtype=float)
+        if len(values) != n:
+            raise ValueError(f"series {name!r} has {len(values)} values for {n} steps")
+        sums = np.add.reduceat(values, np.arange(0, n, w))
+        counts = np.diff([0, *ends])
+        binned[name] = (sums / counts).tolist()
+    return binned, [int(steps[e - 1]) for e in ends]
 
 
 def _context_tags() -> dict[str, str]:

@@ -260,6 +260,11 @@ def check_rest(cfg: DictConfig) -> None:
     budget = cfg.tracking.retry_budget_s
     if not (isinstance(budget, int | float) and math.isfinite(budget) and budget >= 0):
         raise _fail("tracking.retry_budget_s", budget, "a number of seconds >= 0")
+    steps = cfg.tracking.get("timeseries_steps")
+    if steps is not None and not (isinstance(steps, int) and not isinstance(steps, bool)
+                                  and steps >= 1):
+        raise _fail("tracking.timeseries_steps", steps,
+                    "null (every second) or a whole number of steps >= 1")
     problem = _store_problem(str(cfg.tracking.uri)) if cfg.tracking.uri else None
     if problem:
         raise ConfigError(problem)

@@ -42,6 +42,7 @@ def test_default_launcher_and_tracking_settings():
     assert cfg.hydra.sweeper._target_.endswith("GridSweeper")
     assert cfg.hydra.job.name == "sweep"
     assert cfg.tracking.experiment == "default"
+    assert cfg.tracking.timeseries_steps == 320  # what MLflow's run charts draw
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (CONF / "hardware").glob("*.yaml")))
@@ -142,6 +143,7 @@ def test_mem_util_grid_shape():
         ("hardware.cost_per_hour=nan", "hardware.cost_per_hour", ">= 0"),
         ("workload.seed=-1", "workload.seed", "0..4294967295"),
         ("workload.seed=4294967296", "workload.seed", "0..4294967295"),
+        ("tracking.timeseries_steps=0", "tracking.timeseries_steps", "null (every second)"),
     ],
 )
 def test_bad_values_name_the_key_and_allowed_values(override, key, allowed):

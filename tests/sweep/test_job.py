@@ -198,6 +198,11 @@ def test_groundtruth_run_carries_the_simulators_metric_names(small_result, share
     assert metrics["completed"] == 300
     history = MlflowClient(uri).get_metric_history(run_id, "ts/running")
     assert len(history) > 10
+    # bounded as the simulated runs' series are: means over bins, the last step kept
+    short_id, _ = log_groundtruth_run(tracker, str(gt_dir), slo, parent_id=None, max_steps=8)
+    short = MlflowClient(uri).get_metric_history(short_id, "ts/running")
+    assert 0 < len(short) <= 8 < len(history)
+    assert max(m.step for m in short) == max(m.step for m in history)
     # the simulated runs' param names, so the MLflow UI compares like with like
     assert run.data.params["cluster.max_num_seqs"] == str(small_result_params_max_num_seqs())
     assert run.data.params["hardware.name"] == "RTXPRO6000"

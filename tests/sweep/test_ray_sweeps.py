@@ -72,7 +72,7 @@ def test_small_sweep_logs_runs_and_writes_the_results_table(tmp_path, store):
         series = client.get_metric_history(kid.info.run_id, "ts/running")
         assert len(series) >= 10 and len({m.step for m in series}) == len(series)
         artifacts = {a.path for a in client.list_artifacts(kid.info.run_id)}
-        assert {"requests.parquet", "config_resolved.yaml", "timeseries.png"} <= artifacts
+        assert {"requests.parquet", "config_resolved.yaml", "timeseries.svg"} <= artifacts
 
     table, meta = read_results_table(sweep_dir / RESULTS_FILE)
     assert meta["study"]["name"] == "mem_util_grid"

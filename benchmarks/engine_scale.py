@@ -17,7 +17,9 @@ ShareGPT prompts). The workload is generated in chunks of 20,000 requests with s
 (still one Poisson process). It is fed to the engine lazily (``--workload lazy``, the default
 where the engine takes an iterable): a generator yields the requests chunk by chunk as the
 simulation reaches them, so they never all exist at once; ``--workload list`` builds the whole
-list first (what trees before the lazy engine need; ``--compare`` uses it for them).
+list first, before the timer (what trees before the lazy engine need; ``--compare`` uses it for
+them, and warns that the trees timed different work unless ``--workload list`` is given: a lazy
+run generates its requests inside the timed run).
 
 ``--stream`` writes the per-request table to a temporary Parquet file in row groups while the
 run goes on (``simulate_cluster(..., stream_to=...)``) instead of keeping it, then computes the
@@ -290,6 +292,12 @@ def main() -> int:
         for c in ("finished", "num_steps", "makespan_s", "num_preemptions"):
             if cur[c] != prev[c]:
                 print(f"warning: {c} differs: current {cur[c]} vs previous {prev[c]}")
+        if cur["workload"] != prev["workload"]:
+            # an older tree cannot take a lazy workload, so it builds the list before its timer
+            # while a lazy run generates its requests inside it (about a tenth of a 10k run)
+            print(f"warning: the trees timed different work: current fed its workload "
+                  f"{cur['workload']}, previous {prev['workload']} (built before its timer); "
+                  "rerun with --workload list for the same timed work")
     if args.json_out:
         report = {
             **{c: med["current"][c] for c in FIELDS},

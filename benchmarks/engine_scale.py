@@ -292,12 +292,14 @@ def main() -> int:
         for c in ("finished", "num_steps", "makespan_s", "num_preemptions"):
             if cur[c] != prev[c]:
                 print(f"warning: {c} differs: current {cur[c]} vs previous {prev[c]}")
-        if cur["workload"] != prev["workload"]:
-            # an older tree cannot take a lazy workload, so it builds the list before its timer
-            # while a lazy run generates its requests inside it (about a tenth of a 10k run)
-            print(f"warning: the trees timed different work: current fed its workload "
-                  f"{cur['workload']}, previous {prev['workload']} (built before its timer); "
-                  "rerun with --workload list for the same timed work")
+        # A tree without the lazy engine builds its workload as a list before its timer and
+        # keeps its per-request table in memory, while a lazy run generates its requests
+        # inside the timer (about a tenth of a 10k run) and a streamed one writes Parquet there.
+        for key, same in (("workload", "--workload list"), ("stream", "no --stream")):
+            if cur[key] != prev[key]:
+                print(f"warning: the trees timed different work: {key} {cur[key]} (current) "
+                      f"vs {prev[key]} (previous; a tree without the lazy engine can only build "
+                      f"a list and keep its table); rerun with {same} for the same timed work")
     if args.json_out:
         report = {
             **{c: med["current"][c] for c in FIELDS},

@@ -58,8 +58,8 @@ def _answers(gt_dir: str, slo: DictConfig) -> tuple[Any, Any]:
     return gt, point_answers(gt.requests, SloSpec.from_config(slo), view="engine")
 
 
-def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: str | None,
-                        max_steps: int | None = None) -> tuple[str, dict[str, float]]:
+def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: str | None, *,
+                        max_steps: int | None) -> tuple[str, dict[str, float]]:
     """Create the ``vllm-groundtruth`` run; return its id and metrics. Its ``ts/`` series
     are bounded to ``max_steps`` as the simulated runs' are (``tracking.timeseries_steps``,
     ``sweep.tracking.chart_series``)."""
@@ -86,7 +86,9 @@ def log_groundtruth_run(tracker: Any, gt_dir: str, slo: DictConfig, parent_id: s
     if missing:
         tracker.set_tags(run_id, {"missing_series": ",".join(missing)})
     if series and len(set(steps)) == len(steps):
-        tracker.log_series(run_id, *chart_series(series, steps, max_steps))
+        order = sorted(range(len(steps)), key=steps.__getitem__)  # in time order for binning
+        series = {k: [col[i] for i in order] for k, col in series.items()}
+        tracker.log_series(run_id, *chart_series(series, [steps[i] for i in order], max_steps))
     tracker.log_artifact(run_id, gt.path / "vllm" / "meta.json")
     tracker.finish(run_id, "FINISHED")
     return run_id, metrics

@@ -31,7 +31,8 @@ class _SeriesFigure:
     def __init__(self) -> None:
         fig = Figure(figsize=(7, 6))
         axes = fig.subplots(3, 1, sharex=True)
-        fig.subplots_adjust(left=0.11, right=0.97, top=0.94, bottom=0.08, hspace=0.12)
+        # room above each panel for its y axis's power-of-ten offset (below), the title above
+        fig.subplots_adjust(left=0.11, right=0.97, top=0.92, bottom=0.08, hspace=0.2)
         self.fig, self.axes = fig, axes
         self.lines = [
             [axes[0].plot([], [], label="running")[0], axes[0].plot([], [], label="waiting")[0]],
@@ -44,10 +45,11 @@ class _SeriesFigure:
         axes[2].set_ylabel("tokens/s")
         axes[2].set_xlabel("simulated time (s)")
         axes[2].legend(loc="upper right")
-        # Axis labels and the title at fixed places in their axes: matplotlib otherwise
-        # places them anew at every save from the tick labels' extents (a fifth of the
-        # figure's drawing time). Values from 10^4 up are ticked with a power-of-ten offset,
-        # so no tick label is longer than four digits and none reaches the y labels.
+        # Axis labels at fixed places in their axes and the title the figure's (not an
+        # axes' title): matplotlib otherwise places them anew at every save from the tick
+        # labels' extents (a fifth of the figure's drawing time). Values from 10^4 up are
+        # ticked with a power-of-ten offset, so no tick label is longer than four digits and
+        # none reaches the y labels.
         for ax in axes:
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4))
             ax.yaxis.set_label_coords(-0.085, 0.5)
@@ -61,7 +63,7 @@ class _SeriesFigure:
             ax.relim()
             ax.autoscale_view()
         self.axes[1].set_ylim(0, 105)
-        self.axes[0].set_title(title, fontsize=9, y=1.02)
+        self.fig.suptitle(title, fontsize=9, y=0.985)
         buf = io.BytesIO()
         with rc_context(_SVG_RC):
             self.fig.savefig(buf, format="svg", metadata={"Date": None})

@@ -5,8 +5,9 @@ and is also used by a single ``python -m sweep`` run. For a sweep it opens a par
 run, claims each grid point in the store before it runs (``sweep.claims``: the point's own
 run, ``RUNNING`` with a heartbeat, so two sweeps on one store run each point once between
 them), logs into that run as the result arrives (flattened config as params, the metrics,
-the per-second time series as step metrics, the per-request Parquet, the resolved config and
-a plot as artifacts) and at the end writes ``results.parquet`` (one row per point: config
+the time series as step metrics (per second, in at most ``tracking.timeseries_steps`` steps:
+``sweep.tracking.chart_series``), the per-request Parquet, the resolved config and a plot
+as artifacts) and at the end writes ``results.parquet`` (one row per point: config
 columns + metrics) into the sweep directory. Every point carries the content hash of its
 config (``sweep.config_hash``) as an MLflow tag and param and a table column; a point that
 already has a ``FINISHED`` run is not run again, its row reuses that run (``resumed_from``).
@@ -240,7 +241,7 @@ class SweepRecorder:
     def job_done(self, idx: int, cfg: DictConfig, ret: JobReturn) -> None:
         """Write the job's files, log its MLflow run, and keep its results-table row.
 
-        The result's bulky payloads (Parquet and PNG bytes) are replaced by the paths of
+        The result's bulky payloads (Parquet and SVG bytes) are replaced by the paths of
         the files written, so a long sweep does not hold them all in memory. A file that
         cannot be written (full disk) is counted in the row's ``missing`` and keeps the
         point's run from being set ``FINISHED``.
@@ -556,7 +557,7 @@ class SweepRecorder:
 
         _, self.groundtruth_metrics = log_groundtruth_run(
             self.tracker, self.groundtruth, self.slo, self.parent_id,
-            self.tracking.get("timeseries_steps"),
+            max_steps=self.tracking.get("timeseries_steps"),
         )
 
 

@@ -214,9 +214,10 @@ class TrackingConf:
     ``null`` turns MLflow off (the Parquet results table is still written).
     ``retry_budget_s``: how long one store write is retried (with backoff) before the point
     is counted as missing from MLflow (``sweep.tracking.RetryPolicy``).
-    ``timeseries_steps``: at most this many steps of each ``ts/`` metric (means over equal
-    bins of seconds beyond it, ``sweep.tracking.chart_series``; ``null``: every second); the
-    default is what MLflow's charts draw. ``timeseries.parquet`` keeps every second."""
+    ``timeseries_steps``: at most this many steps of each ``ts/`` metric (means over runs of
+    consecutive seconds beyond it, ``sweep.tracking.chart_series``; ``null``: every second);
+    the default is what one MLflow run chart fetches. ``timeseries.parquet`` keeps every
+    second."""
 
     uri: str | None = "${oc.env:MLFLOW_TRACKING_URI,sqlite:///mlflow.db}"
     experiment: str = "${study.name}"
@@ -224,9 +225,10 @@ class TrackingConf:
     requests: bool = True
     plots: bool = True
     retry_budget_s: float = 20.0
-    # MLflow's run charts fetch at most 320 points of a stepped metric (``maxResults: 320`` in
-    # the UI of mlflow 3.17), so more steps are stored but never drawn; each stored step costs
-    # the driver ~55 us per column (one ORM row): 24 s for a day-long point.
+    # An MLflow run chart fetches at most 320 points of a stepped metric (``maxResults: 320``
+    # in the UI of mlflow 3.17; a longer history is sampled down to that, a zoomed range
+    # re-fetched), while each stored step costs the driver ~55 us per column (one ORM row):
+    # 24 s for a day-long point.
     timeseries_steps: int | None = 320
 
 

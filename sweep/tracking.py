@@ -118,28 +118,36 @@ def finite_metrics(metrics: Mapping[str, float]) -> tuple[dict[str, float], dict
 
 def chart_series(series: Mapping[str, Sequence[float]], steps: Sequence[int],
                  max_steps: int | None) -> tuple[dict[str, list[float]], list[int]]:
-    """``series`` (columns aligned with ``steps``) in at most ``max_steps`` steps, for MLflow.
+    """``series`` (columns aligned with ``steps``, strictly increasing) in at most
+    ``max_steps`` steps, for MLflow.
 
-    Unchanged when it has no more (or ``max_steps`` is ``None``). Otherwise consecutive
-    samples are taken in bins of ``w = ceil(n / max_steps)`` (the last bin holds the rest):
-    each column's value is the mean over its bin and the step is the bin's last step, so a
-    per-second throughput stays a rate and the chart's x axis stays in seconds. The full
-    series is the point's ``timeseries.parquet``."""
+    Unchanged when it has no more samples (or ``max_steps`` is ``None``). Otherwise the
+    samples are cut into ``max_steps`` runs of consecutive samples as equal as whole samples
+    allow (the first ``n % max_steps`` runs one sample longer): each column's value is the
+    mean of the run's samples (NaN samples left out; NaN only when all are), its step the
+    run's last step, so a per-second throughput stays a rate and the x axis stays in the
+    series' own steps. The full series is the point's ``timeseries.parquet``."""
     n = len(steps)
+    for name, col in series.items():
+        if len(col) != n:
+            raise ValueError(f"series {name!r} has {len(col)} values for {n} steps")
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+        raise ValueError("steps must be strictly increasing")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps={max_steps}: must be >= 1")
     if max_steps is None or n <= max_steps:
         return {k: [float(v) for v in col] for k, col in series.items()}, [int(t) for t in steps]
-    if max_steps < 1:
-        raise ValueError(f"max_steps={max_steps}: must be >= 1")
-    w = -(-n // max_steps)
-    ends = list(range(w, n, w)) + [n]
+    width, longer = divmod(n, max_steps)
+    starts = np.arange(max_steps) * width + np.minimum(np.arange(max_steps), longer)
+    ends = np.append(starts[1:], n)
     binned = {}
     for name, col in series.items():
         values = np.asarray(col, dtype=float)
-        if len(values) != n:
-            raise ValueError(f"series {name!r} has {len(values)} values for {n} steps")
-        sums = np.add.reduceat(values, np.arange(0, n, w))
-        counts = np.diff([0, *ends])
-        binned[name] = (sums / counts).tolist()
+        present = ~np.isnan(values)
+        sums = np.add.reduceat(np.where(present, values, 0.0), starts)
+        counts = np.add.reduceat(present.astype(np.int64), starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            binned[name] = [float(v) for v in sums / counts]
     return binned, [int(steps[e - 1]) for e in ends]
 
 

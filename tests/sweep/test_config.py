@@ -226,6 +226,9 @@ def test_schema_rejects_unknown_keys_and_bad_types_at_composition():
         compose_cfg("cluster.gpu_mem_util=0.5")
     with pytest.raises(ConfigCompositionException, match="cluster.max_num_seqs"):
         compose_cfg("cluster.max_num_seqs=many")
+    for bad in ("2.5", "true"):
+        with pytest.raises(ConfigCompositionException, match="tracking.timeseries_steps"):
+            compose_cfg(f"tracking.timeseries_steps={bad}")
 
 
 def test_measured_bundle_dir_must_exist(tmp_path):

@@ -151,3 +151,19 @@ def test_closing_a_tracker_whose_store_is_gone_warns_and_creates_nothing(tmp_pat
     tracker.close()
     assert not db.exists()
     assert f"{db}: the write-ahead log was not checkpointed" in caplog.text
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_mlflow_time_series_are_bounded_to_tracking_timeseries_steps(tmp_path, store):
+    """``tracking.timeseries_steps``: each ``ts/`` metric of a point's run has at most that
+    many steps, the last at the point's last simulated second; ``timeseries.parquet`` keeps
+    every second."""
+    run_sweep(tmp_path / "s", ["workload.num_requests=40", "tracking.plots=false",
+                               "hydra/launcher=basic", "tracking.experiment=bounded",
+                               "tracking.timeseries_steps=8", f"tracking.uri={store}"])
+    row = table(tmp_path / "s").iloc[0]
+    seconds = pd.read_parquet(Path(row["output_dir"]) / "timeseries.parquet")["t_s"]
+    assert len(seconds) > 8
+    history = MlflowClient(store).get_metric_history(row["mlflow_run_id"], "ts/running")
+    steps = sorted(m.step for m in history)
+    assert len(steps) == 8 and steps[-1] == seconds.iloc[-1]

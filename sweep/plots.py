@@ -15,9 +15,10 @@ from matplotlib.figure import Figure
 # and no figure here is ever shown).
 
 # The per-point plot is SVG: the driver draws one per point, and an SVG with its text left as
-# text (``svg.fonttype: none``) took 37 ms against 77 ms for a 72-dpi PNG of the same figure
-# and is half the size (63 against 131 KB, a 323-s point). MLflow's artifact view shows .svg
-# as an image. A fixed hash salt and no date make the same series give the same bytes.
+# text (``svg.fonttype: none``) takes less than half the time of a 72-dpi PNG of the same
+# figure at half the size (measured side by side in docs/sweep.md, "What the platform
+# costs"). MLflow's artifact view shows .svg as an image. A fixed hash salt and no date make
+# the same series give the same bytes.
 _SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "servesweep"}
 
 

@@ -167,9 +167,9 @@ class SweepRecorder:
         except TrackingError as err:
             raise SystemExit(f"{err}\nNothing was run.") from None
         self.claims = Claims(self.tracker)
-        if self.tracking.get("plots") or (self.nested and (self.study.get("plot") or {}).get("x")):
-            # matplotlib for the points' plots and the study plot: imported while jobs run
-            self._writer.submit(importlib.import_module, "sweep.plots")
+        if self.nested and (self.study.get("plot") or {}).get("x"):
+            # matplotlib for the study plot, drawn at the end: imported while jobs run
+            self._writer.submit(importlib.import_module, "matplotlib.figure")
         try:
             self._open_parent()
         except TrackingWriteError as err:
@@ -441,16 +441,16 @@ class SweepRecorder:
         return self.sweep_dir / str(subdir) if subdir is not None else self.sweep_dir
 
     def _plot(self, value: dict[str, Any], overrides: list[str]) -> None:
-        """Draw the point's time-series plot into ``value["timeseries_svg"]`` when
-        ``tracking.plots`` (here, in the driver, so the actors never import matplotlib: 27 MiB
-        and 0.3 s each); titled with the job's overrides, else the study's name."""
+        """Draw the point's time-series chart into ``value["timeseries_svg"]`` when
+        ``tracking.plots`` (``sweep.svg_series``); titled with the job's overrides, else the
+        study's name."""
         series = value.get("timeseries") or {}
         if not self.tracking.get("plots") or value.get("timeseries_svg") or not series.get("t_s"):
             return
-        from sweep.plots import timeseries_svg
+        from sweep.svg_series import series_svg
 
-        value["timeseries_svg"] = timeseries_svg(series, " ".join(overrides)
-                                                 or str(self.study["name"]))
+        value["timeseries_svg"] = series_svg(series, " ".join(overrides)
+                                             or str(self.study["name"]))
 
     def _write_job_files(self, out_dir: Path, point: dict[str, Any],
                          value: dict[str, Any] | None, row: dict[str, Any],

@@ -1,0 +1,249 @@
+"""A point's time series as an SVG line chart, written directly (no plotting library).
+
+The sweep driver draws one chart per grid point while the jobs run, so its cost is part of
+every point's: matplotlib took 40-50 ms a chart (and 0.3 s to import) where this takes about
+one, for the same picture: stacked panels sharing the simulated-time axis, each with its
+lines, "nice" ticks (1, 2, 2.5 or 5 times a power of ten), a power-of-ten offset above the
+axis once values reach 10^4, a legend and the figure's title (measured side by side in
+docs/sweep.md, "What the platform costs").
+
+A line breaks where a sample is NaN. A series longer than about four points per horizontal
+pixel is reduced per pixel column to its first, lowest, highest and last sample in time
+order, which draws the same picture (long runs would otherwise write every second). The
+output depends only on the input: the same series and title give the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from xml.sax.saxutils import escape
+
+WIDTH, HEIGHT = 504, 432  # points (7 x 6 inches), as the matplotlib figure it replaced
+LEFT, RIGHT, TOP, BOTTOM = 58.0, 488.0, 34.0, 397.0  # the panels' frame
+GAP = 21.0  # between panels (room for the next panel's offset label)
+FONT = "font-family: 'DejaVu Sans', Arial, Helvetica, sans-serif"
+COLORS = ("#1f77b4", "#ff7f0e", "#d62728")  # matplotlib's tab:blue, tab:orange, tab:red
+OFFSET_FROM = 1e4  # y values from here up are ticked with a power-of-ten offset
+X_TICKS, Y_TICKS = 8, 6  # at most this many ticks on the time axis / a panel's y axis
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series in a panel: the key in the series mapping, its legend label, its colour."""
+
+    key: str
+    label: str
+    color: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One stacked panel: its lines, the y label, and fixed y limits (None: from the data)."""
+
+    lines: tuple[Line, ...]
+    ylabel: str
+    ylim: tuple[float, float] | None = None
+    legend: bool = True
+
+
+# The sweep's chart: requests in the engine, KV-cache use, token throughput (the series
+# engine.results.timeseries_frame writes, one sample per simulated second at ``t_s``).
+SWEEP_PANELS = (
+    Panel((Line("running", "running", COLORS[0]), Line("waiting", "waiting", COLORS[1])),
+          "requests"),
+    Panel((Line("kv_usage_pct", "KV cache %", COLORS[2]),), "KV cache %", (0.0, 105.0),
+          legend=False),
+    Panel((Line("prompt_throughput", "prompt", COLORS[0]),
+           Line("gen_throughput", "generation", COLORS[1])), "tokens/s"),
+)
+
+
+def nice_ticks(lo: float, hi: float, max_ticks: int) -> list[float]:
+    """Ticks inside ``[lo, hi]`` at the smallest step of 1, 2, 2.5 or 5 times a power of ten
+    that gives at most ``max_ticks`` of them (at least two when ``lo < hi``)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+        raise ValueError(f"nice_ticks needs finite lo < hi, got {lo!r}, {hi!r}")
+    raw = (hi - lo) / max(max_ticks - 1, 1)
+    power = 10.0 ** math.floor(math.log10(raw))
+    for mult in (1.0, 2.0, 2.5, 5.0, 10.0):
+        step = mult * power
+        first = math.ceil(lo / step - 1e-9)
+        last = math.floor(hi / step + 1e-9)
+        if last - first + 1 <= max_ticks:
+            # k * step rounded to three digits below the step (drops float noise: 0.6, not
+            # 0.6000000000000001)
+            digits = 3 - math.floor(math.log10(step))
+            return [round(k * step, digits) + 0.0 for k in range(first, last + 1)]
+    raise AssertionError("unreachable: a step of 10x the raw step always fits")
+
+
+def _limits(lo: float, hi: float) -> tuple[float, float]:
+    """An axis range from the data's: 5 % of the span beyond each end (matplotlib's default
+    margins), or +-1 around a single value."""
+    if hi <= lo:
+        return lo - 1.0, lo + 1.0
+    pad = 0.05 * (hi - lo)
+    return lo - pad, hi + pad
+
+
+def _label(v: float, step: float) -> str:
+    """A tick label with as many decimals as the step needs."""
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
+    if step < 1 and abs(step * 10**decimals - round(step * 10**decimals)) > 1e-9:
+        decimals += 1  # 0.25, 2.5e-3: one digit more
+    text = f"{v:.{decimals}f}"
+    return "0" if float(text) == 0 else text
+
+
+def _decimate(points: list[tuple[float, float]], x_of: float, x_scale: float,
+              columns: int) -> list[tuple[float, float]]:
+    """``points`` (in time order, finite) reduced to first/lowest/highest/last per pixel
+    column when there are more than four a column (the same picture)."""
+    if len(points) <= 4 * columns:
+        return points
+    out: list[tuple[float, float]] = []
+    bucket: list[tuple[float, float]] = []
+    col = None
+    for p in points:
+        c = int((p[0] - x_of) * x_scale)
+        if c != col and bucket:
+            out.extend(_extremes(bucket))
+            bucket = []
+        col = c
+        bucket.append(p)
+    out.extend(_extremes(bucket))
+    return out
+
+
+def _extremes(bucket: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    if len(bucket) <= 4:
+        return bucket
+    lo = min(range(len(bucket)), key=lambda i: bucket[i][1])
+    hi = max(range(len(bucket)), key=lambda i: bucket[i][1])
+    keep = sorted({0, lo, hi, len(bucket) - 1})
+    return [bucket[i] for i in keep]
+
+
+def _runs(xs: Sequence[float], ys: Sequence[float]) -> list[list[tuple[float, float]]]:
+    """The finite stretches of a series (a NaN or infinite sample breaks the line)."""
+    runs: list[list[tuple[float, float]]] = []
+    cur: list[tuple[float, float]] = []
+    for x, y in zip(xs, ys, strict=True):
+        x, y = float(x), float(y)
+        if math.isfinite(x) and math.isfinite(y):
+            cur.append((x, y))
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    return runs
+
+
+def _text(x: float, y: float, s: str, *, anchor: str = "middle", size: float = 10,
+          rotate: bool = False) -> str:
+    transform = f' transform="rotate(-90 {x:.2f} {y:.2f})"' if rotate else ""
+    return (f'<text x="{x:.2f}" y="{y:.2f}" style="font-size: {size:g}px; {FONT}; '
+            f'text-anchor: {anchor}"{transform}>{escape(s)}</text>')
+
+
+def series_svg(series: Mapping[str, Sequence[float]], title: str,
+               panels: Sequence[Panel] = SWEEP_PANELS, x_key: str = "t_s",
+               xlabel: str = "simulated time (s)") -> bytes:
+    """The panels of ``series`` against ``series[x_key]`` as SVG bytes (see the module
+    docstring). A key the series lacks draws no line."""
+    xs = [float(v) for v in series.get(x_key, [])]
+    finite_x = [x for x in xs if math.isfinite(x)]
+    x_lo, x_hi = _limits(min(finite_x, default=0.0), max(finite_x, default=0.0))
+    x_scale = (RIGHT - LEFT) / (x_hi - x_lo)
+    columns = int(RIGHT - LEFT)
+    x_ticks = nice_ticks(x_lo, x_hi, X_TICKS)
+    x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
+    n = len(panels)
+    height = (BOTTOM - TOP - GAP * (n - 1)) / n
+    out = [
+        '<?xml version="1.0" encoding="utf-8" standalone="no"?>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}pt" height="{HEIGHT}pt" '
+        f'viewBox="0 0 {WIDTH} {HEIGHT}" version="1.1">',
+        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" style="fill: #ffffff"/>',
+        '<defs>',
+    ]
+    tops = [TOP + i * (height + GAP) for i in range(n)]
+    for i, top in enumerate(tops):
+        out.append(f'<clipPath id="panel{i}"><rect x="{LEFT:.2f}" y="{top:.2f}" '
+                   f'width="{RIGHT - LEFT:.2f}" height="{height:.2f}"/></clipPath>')
+    out.append('</defs>')
+    for i, (panel, top) in enumerate(zip(panels, tops, strict=True)):
+        bottom = top + height
+        if panel.ylim is not None:
+            y_lo, y_hi = panel.ylim
+        else:
+            values = [float(v) for line in panel.lines for v in series.get(line.key, [])]
+            finite = [v for v in values if math.isfinite(v)]
+            y_lo, y_hi = _limits(min(finite, default=0.0), max(finite, default=0.0))
+        y_scale = height / (y_hi - y_lo)
+
+        def px(x: float) -> float:
+            return LEFT + (x - x_lo) * x_scale
+
+        def py(y: float, y_lo: float = y_lo, y_scale: float = y_scale,
+               bottom: float = bottom) -> float:
+            return bottom - (y - y_lo) * y_scale
+
+        out.append(f'<g id="panel{i}_axes" style="stroke: #000000; stroke-width: 0.8">')
+        out.append(f'<rect x="{LEFT:.2f}" y="{top:.2f}" width="{RIGHT - LEFT:.2f}" '
+                   f'height="{height:.2f}" style="fill: none"/>')
+        ticks = "".join(f"M {px(t):.2f} {bottom:.2f} v 3.5 " for t in x_ticks)
+        y_ticks = nice_ticks(y_lo, y_hi, Y_TICKS)
+        ticks += "".join(f"M {LEFT:.2f} {py(t):.2f} h -3.5 " for t in y_ticks)
+        out.append(f'<path d="{ticks.strip()}"/></g>')
+        # y tick labels, with a power-of-ten offset once values reach OFFSET_FROM
+        top_abs = max(abs(y_ticks[0]), abs(y_ticks[-1]))
+        power = int(math.floor(math.log10(top_abs))) if top_abs >= OFFSET_FROM else 0
+        y_step = (y_ticks[1] - y_ticks[0]) / 10**power if len(y_ticks) > 1 else 1.0
+        for t in y_ticks:
+            out.append(_text(LEFT - 6, py(t) + 3.5, _label(t / 10**power, y_step), anchor="end"))
+        if power:
+            out.append(f'<text x="{LEFT:.2f}" y="{top - 4:.2f}" style="font-size: 10px; '
+                       f'{FONT}; text-anchor: start">×10<tspan dy="-4" '
+                       f'style="font-size: 7px">{power}</tspan></text>')
+        out.append(_text(16, top + height / 2, panel.ylabel, rotate=True))
+        if i == n - 1:
+            for t in x_ticks:
+                out.append(_text(px(t), bottom + 14.5, _label(t, x_step)))
+            out.append(_text((LEFT + RIGHT) / 2, bottom + 29, xlabel))
+        for line in panel.lines:
+            ys = series.get(line.key)
+            if ys is None:
+                continue
+            d = []
+            for run in _runs(xs, ys):
+                pts = _decimate(run, x_lo, x_scale, columns)
+                d.append("M " + " L ".join(f"{px(x):.2f} {py(y):.2f}" for x, y in pts))
+            if d:
+                out.append(f'<path d="{" ".join(d)}" clip-path="url(#panel{i})" '
+                           f'style="fill: none; stroke: {line.color}; stroke-width: 1.5; '
+                           'stroke-linejoin: round"/>')
+        if panel.legend:
+            out.extend(_legend(panel.lines, top))
+    # the title in one line across the figure (about 0.55 em a character)
+    out.append(_text(WIDTH / 2, 13.3, title, size=min(9.0, 0.95 * WIDTH / (0.55 * max(len(title), 1)))))
+    out.append("</svg>\n")
+    return "\n".join(out).encode()
+
+
+def _legend(lines: Sequence[Line], top: float) -> list[str]:
+    """A legend box in the panel's upper right corner: a line sample and a label per line."""
+    width = 36 + 6.2 * max(len(line.label) for line in lines)
+    x = RIGHT - 5 - width
+    out = [f'<rect x="{x:.2f}" y="{top + 5:.2f}" width="{width:.2f}" '
+           f'height="{8 + 15 * len(lines):.2f}" rx="2" style="fill: #ffffff; opacity: 0.8; '
+           'stroke: #cccccc"/>']
+    for k, line in enumerate(lines):
+        y = top + 16 + 15 * k
+        out.append(f'<path d="M {x + 4:.2f} {y:.2f} h 20" style="stroke: {line.color}; '
+                   'stroke-width: 1.5"/>')
+        out.append(_text(x + 30, y + 3.5, line.label, anchor="start"))
+    return out

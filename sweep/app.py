@@ -46,8 +46,8 @@ def task(cfg: DictConfig) -> dict[str, Any]:
     recorder, ``sweep.recorder.SweepRecorder.job_done``, draws its time-series plot). A
     single run checks the point first (``sweep.preflight``): an invalid or infeasible point
     exits non-zero with the reason and no traceback; the infeasible one is recorded as such. A single run logs the
-    point's key metrics as soon as it is simulated, then plots and records it (matplotlib and
-    MLflow are imported only then); it exits non-zero if the recording is incomplete."""
+    point's key metrics as soon as it is simulated, then plots and records it (MLflow is
+    imported only then); it exits non-zero if the recording is incomplete."""
     from sweep.job import run_point
 
     hydra_cfg = HydraConfig.get()

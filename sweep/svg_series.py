@@ -62,7 +62,8 @@ SWEEP_PANELS = (
 
 def nice_ticks(lo: float, hi: float, max_ticks: int) -> list[float]:
     """Ticks inside ``[lo, hi]`` at the smallest step of 1, 2, 2.5 or 5 times a power of ten
-    that gives at most ``max_ticks`` of them (at least two when ``lo < hi``)."""
+    that gives at least two and at most ``max_ticks`` of them; ``[lo, hi]`` itself when no
+    such step exists (a range only a few float steps wide)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         raise ValueError(f"nice_ticks needs finite lo < hi, got {lo!r}, {hi!r}")
     raw = (hi - lo) / max(max_ticks - 1, 1)
@@ -75,15 +76,19 @@ def nice_ticks(lo: float, hi: float, max_ticks: int) -> list[float]:
             # k * step rounded to three digits below the step (drops float noise: 0.6, not
             # 0.6000000000000001)
             digits = 3 - math.floor(math.log10(step))
-            return [round(k * step, digits) + 0.0 for k in range(first, last + 1)]
-    raise AssertionError("unreachable: a step of 10x the raw step always fits")
+            ticks = [round(k * step, digits) + 0.0 for k in range(first, last + 1)]
+            if len(ticks) >= 2 and all(a < b for a, b in zip(ticks, ticks[1:], strict=False)):
+                return ticks
+            break
+    return [lo, hi]
 
 
 def _limits(lo: float, hi: float) -> tuple[float, float]:
     """An axis range from the data's: 5 % of the span beyond each end (matplotlib's default
-    margins), or +-1 around a single value."""
-    if hi <= lo:
-        return lo - 1.0, lo + 1.0
+    margins); a constant (or a span of float noise) +-5 % of its value, +-1 around 0."""
+    if hi - lo <= 1e-12 * max(abs(lo), abs(hi)):
+        pad = 0.05 * abs(lo) if lo != 0 else 1.0
+        return lo - pad, hi + pad
     pad = 0.05 * (hi - lo)
     return lo - pad, hi + pad
 
@@ -91,8 +96,8 @@ def _limits(lo: float, hi: float) -> tuple[float, float]:
 def _label(v: float, step: float) -> str:
     """A tick label with as many decimals as the step needs."""
     decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
-    if step < 1 and abs(step * 10**decimals - round(step * 10**decimals)) > 1e-9:
-        decimals += 1  # 0.25, 2.5e-3: one digit more
+    if abs(step * 10**decimals - round(step * 10**decimals)) > 1e-9:
+        decimals += 1  # 2.5, 0.25, 2.5e-3: one digit more
     text = f"{v:.{decimals}f}"
     return "0" if float(text) == 0 else text
 
@@ -146,7 +151,14 @@ def _text(x: float, y: float, s: str, *, anchor: str = "middle", size: float = 1
           rotate: bool = False) -> str:
     transform = f' transform="rotate(-90 {x:.2f} {y:.2f})"' if rotate else ""
     return (f'<text x="{x:.2f}" y="{y:.2f}" style="font-size: {size:g}px; {FONT}; '
-            f'text-anchor: {anchor}"{transform}>{escape(s)}</text>')
+            f'text-anchor: {anchor}"{transform}>{escape(_xml_chars(s))}</text>')
+
+
+def _xml_chars(s: str) -> str:
+    """``s`` without the characters XML 1.0 does not allow (control characters, lone
+    surrogates from undecodable command-line bytes): each becomes U+FFFD."""
+    return "".join(c if c in "\t\n\r" or (" " <= c < "\ud800") or ("\ue000" <= c <= "\ufffd")
+                   or c >= "\U00010000" else "\ufffd" for c in s)
 
 
 def series_svg(series: Mapping[str, Sequence[float]], title: str,
@@ -155,6 +167,11 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
     """The panels of ``series`` against ``series[x_key]`` as SVG bytes (see the module
     docstring). A key the series lacks draws no line."""
     xs = [float(v) for v in series.get(x_key, [])]
+    for panel in panels:
+        for line in panel.lines:
+            n = len(series.get(line.key, xs))
+            if n != len(xs):
+                raise ValueError(f"series {line.key!r} has {n} samples, {x_key!r} {len(xs)}")
     finite_x = [x for x in xs if math.isfinite(x)]
     x_lo, x_hi = _limits(min(finite_x, default=0.0), max(finite_x, default=0.0))
     x_scale = (RIGHT - LEFT) / (x_hi - x_lo)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
 import re
 import xml.etree.ElementTree as ET
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from sweep.svg_series import (
@@ -17,6 +18,7 @@ from sweep.svg_series import (
     RIGHT,
     SWEEP_PANELS,
     TOP,
+    _decimate,
     nice_ticks,
     series_svg,
 )
@@ -53,6 +55,27 @@ def _points(d: str) -> list[list[tuple[float, float]]]:
 def _texts(svg: bytes) -> list[str]:
     root = ET.fromstring(svg)
     return ["".join(t.itertext()) for t in root.iter(f"{{{NS['svg']}}}text")]
+
+
+def _tick_labels(svg: bytes, anchor: str, y_range: tuple[float, float]) -> list[str]:
+    """The tick labels with ``text-anchor: anchor`` (end: y ticks, middle: x ticks) whose
+    baseline lies in ``y_range``, left to right / top to bottom."""
+    root = ET.fromstring(svg)
+    out = []
+    for t in root.iter(f"{{{NS['svg']}}}text"):
+        text = "".join(t.itertext())
+        y = float(t.get("y"))
+        if (f"text-anchor: {anchor}" in t.get("style") and y_range[0] <= y <= y_range[1]
+                and re.fullmatch(r"-?[0-9.]+", text)):
+            out.append((float(t.get("x")), y, text))
+    out.sort(key=lambda p: (p[0], p[1]) if anchor == "middle" else (p[1], p[0]))
+    return [p[2] for p in out]
+
+
+def _panel_rows(i: int) -> tuple[float, float]:
+    height = (BOTTOM - TOP - 2 * GAP) / 3
+    top = TOP + i * (height + GAP)
+    return top, top + height + 5
 
 
 def test_well_formed_one_line_per_series_and_deterministic() -> None:
@@ -117,10 +140,64 @@ def test_long_series_is_reduced_per_pixel_column_keeping_extremes() -> None:
 def test_large_values_get_a_power_of_ten_offset() -> None:
     s = _series(30)
     s["prompt_throughput"] = [2.0e5 * (i % 2) for i in range(30)]
-    texts = _texts(series_svg(s, "x"))
-    assert "×105" in texts  # "×10" with the exponent as a superscript span
-    labels = [t for t in texts if re.fullmatch(r"-?[0-9.]+", t)]
-    assert all(len(t.replace("-", "").replace(".", "")) <= 4 for t in labels)
+    svg = series_svg(s, "x")
+    assert "×105" in _texts(svg)  # "×10" with the exponent as a superscript span
+    # ticks 0, 50,000, ..., 200,000 labelled in units of 10^5; top to bottom
+    assert _tick_labels(svg, "end", _panel_rows(2)) == ["2.0", "1.5", "1.0", "0.5", "0"]
+
+
+def test_tick_labels_are_exact() -> None:
+    s = _series(19)  # t 0..18: the time axis steps by 2.5
+    svg = series_svg(s, "x")
+    assert _tick_labels(svg, "middle", (BOTTOM, BOTTOM + 20)) == [
+        "0", "2.5", "5.0", "7.5", "10.0", "12.5", "15.0", "17.5"]
+    assert _tick_labels(svg, "end", _panel_rows(1)) == ["100", "80", "60", "40", "20", "0"]
+    assert _tick_labels(svg, "end", _panel_rows(0)) == ["6", "4", "2", "0"]  # values 0..6
+
+
+def test_constant_and_near_constant_panels_render() -> None:
+    for a, b in ((0.0, 0.0), (1e12, 1e12), (3819.648, math.nextafter(3819.648, 1e9)),
+                 (1.1 * 3, 3.3), (-5.0, -5.0)):
+        s = _series(3)
+        s["prompt_throughput"], s["gen_throughput"] = [a] * 3, [b] * 3
+        svg = series_svg(s, "x")
+        labels = _tick_labels(svg, "end", _panel_rows(2))
+        assert len(labels) >= 2 and len(set(labels)) == len(labels)
+
+
+def test_unequal_lengths_and_hostile_titles() -> None:
+    s = _series(5)
+    s["waiting"] = s["waiting"][:3]
+    with pytest.raises(ValueError, match="'waiting' has 3 samples, 't_s' 5"):
+        series_svg(s, "x")
+    svg = series_svg(_series(5), "a\x1bb\udcffc")  # a control character, a lone surrogate
+    assert "a\ufffdb\ufffdc" in _texts(svg)
+
+
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 5000), columns=st.integers(1, 50),
+       levels=st.integers(1, 1000))
+def test_decimation_keeps_each_columns_first_last_and_extremes(seed: int, n: int, columns: int,
+                                                                levels: int) -> None:
+    rng = random.Random(seed)  # few levels: ties between a column's extremes
+    ys = [float(rng.randrange(levels)) for _ in range(n)]
+    pts = [(float(i), y) for i, y in enumerate(ys)]
+    scale = columns / len(ys)
+    out = _decimate(pts, 0.0, scale, columns)
+    assert [p[0] for p in out] == sorted(p[0] for p in out)  # time order
+    assert set(out) <= set(pts)
+    by_col: dict[int, list[tuple[float, float]]] = {}
+    for p in pts:
+        by_col.setdefault(int(p[0] * scale), []).append(p)
+    kept: dict[int, list[tuple[float, float]]] = {}
+    for p in out:
+        kept.setdefault(int(p[0] * scale), []).append(p)
+    assert kept.keys() == by_col.keys()
+    for col, raw in by_col.items():
+        got = kept[col]
+        assert got[0] == raw[0] and got[-1] == raw[-1]
+        assert min(p[1] for p in got) == min(p[1] for p in raw)
+        assert max(p[1] for p in got) == max(p[1] for p in raw)
+        assert len(got) <= 4
 
 
 def test_nice_ticks_known_answers() -> None:
@@ -142,8 +219,7 @@ def test_nice_ticks_known_answers() -> None:
 )
 def test_nice_ticks_properties(lo: float, span: float, max_ticks: int) -> None:
     hi = lo + span
-    if span < 1e-6 * max(1.0, abs(lo)):  # finer than a chart's ticks can be told apart
-        return
+    assume(span >= 1e-6 * max(1.0, abs(lo)))  # finer than a chart's ticks can be told apart
     ticks = nice_ticks(lo, hi, max_ticks)
     assert 2 <= len(ticks) <= max_ticks
     assert all(a < b for a, b in zip(ticks, ticks[1:], strict=False))

@@ -1,7 +1,7 @@
 """Build the engine's compiled core (``pip install -e .`` or ``pip install .``).
 
-The scheduler, KV cache manager, block pool, request state and engine loop
-(``engine/{request,block_pool,kv_cache,scheduler,instance}.py``) and the bundle latency model
+The scheduler, KV cache manager, block pool, request state, engine loop and cluster event loop
+(``engine/{request,block_pool,kv_cache,scheduler,instance,cluster}.py``) and the bundle latency model
 (``profiles/latency.py``) are compiled by Cython from their own Python sources; the C types of
 their attributes and hot locals are declared beside them in the matching ``.pxd`` files
 ("augmenting" declarations: the ``.py`` stays plain, runnable Python). One implementation of
@@ -36,6 +36,8 @@ COMPILED = (
     "engine.kv_cache",
     "engine.scheduler",
     "engine.instance",
+    "engine.cluster",  # the event loop (run_cluster), the router
+    "engine.frontend",  # the API server queue
     "profiles.latency",  # the bundle latency model (C types for its interpolation primitives)
 )
 

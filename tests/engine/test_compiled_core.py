@@ -34,8 +34,8 @@ from tests.engine.test_stress import BS, build, workload
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = shared_data_dir() / "llmservingsim" / "profiles"
-COMPILED = ("engine.block_pool", "engine.instance", "engine.kv_cache", "engine.request",
-            "engine.scheduler", "profiles.latency")
+COMPILED = ("engine.block_pool", "engine.cluster", "engine.frontend", "engine.instance",
+            "engine.kv_cache", "engine.request", "engine.scheduler", "profiles.latency")
 TOPOLOGIES = ("single", "router", "pd", "dp", "pp")
 ROUTERS = ("round_robin", "least_loaded", "random", "prefix_aware")
 

@@ -38,6 +38,10 @@ COMPILED = (
     "engine.instance",
     "engine.cluster",  # the event loop (run_cluster), the router
     "engine.frontend",  # the API server queue
+    "engine.results",
+    "engine.simulate",
+    "profiles.parallel.latency",
+    "profiles.parallel.dp_pad",
     "profiles.latency",  # the bundle latency model (C types for its interpolation primitives)
 )
 

@@ -12,6 +12,7 @@ by a measured bundle (the compiled ``profiles.latency``).
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import json
 import os
@@ -35,7 +36,9 @@ from tests.engine.test_stress import BS, build, workload
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = shared_data_dir() / "llmservingsim" / "profiles"
 COMPILED = ("engine.block_pool", "engine.cluster", "engine.frontend", "engine.instance",
-            "engine.kv_cache", "engine.request", "engine.scheduler", "profiles.latency")
+            "engine.kv_cache", "engine.request", "engine.results", "engine.scheduler",
+            "engine.simulate", "profiles.latency", "profiles.parallel.dp_pad",
+            "profiles.parallel.latency")
 TOPOLOGIES = ("single", "router", "pd", "dp", "pp")
 ROUTERS = ("round_robin", "least_loaded", "random", "prefix_aware")
 
@@ -128,9 +131,8 @@ def test_the_engine_runs_compiled():
     """``pip install -e .`` built the core; without it the engine runs interpreted, slowly."""
     if _pure.requested():
         pytest.skip(f"{_pure.ENV} is set: the interpreted engine is under test")
-    import engine.instance  # noqa: F401  (the engine's five, through their imports)
-    import profiles.latency  # noqa: F401
-
+    for name in COMPILED:
+        importlib.import_module(name)
     missing = sorted(set(COMPILED) - set(_pure.compiled_modules()))
     assert not missing, f"not compiled: {missing}; build the core with `pip install -e .`"
 

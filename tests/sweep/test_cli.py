@@ -67,10 +67,11 @@ def test_ctrl_c_stops_the_sweep_and_its_ray(tmp_path):
     try:
         deadline = time.monotonic() + 180
         seen = ""
+        fd = proc.stdout.fileno()
         while "ok=1" not in seen and time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            if ready:
-                seen += proc.stdout.readline()
+            ready, _, _ = select.select([fd], [], [], 1.0)
+            if ready:  # raw reads: the progress bar redraws with "\r", no newline follows
+                seen += os.read(fd, 65536).decode(errors="replace")
         assert "ok=1" in seen, seen[-2000:]
         os.killpg(proc.pid, signal.SIGINT)
         t0 = time.monotonic()

@@ -131,12 +131,11 @@ def _extremes(bucket: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [bucket[i] for i in keep]
 
 
-def _runs(xs: Sequence[float], ys: Sequence[float]) -> list[list[tuple[float, float]]]:
-    """The finite stretches of a series (a NaN or infinite sample breaks the line)."""
+def _runs(xs: list[float], ys: list[float]) -> list[list[tuple[float, float]]]:
+    """The finite stretches of a series of floats (a NaN or infinite sample breaks the line)."""
     runs: list[list[tuple[float, float]]] = []
     cur: list[tuple[float, float]] = []
     for x, y in zip(xs, ys, strict=True):
-        x, y = float(x), float(y)
         if math.isfinite(x) and math.isfinite(y):
             cur.append((x, y))
         elif cur:
@@ -176,8 +175,12 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
     x_lo, x_hi = _limits(min(finite_x, default=0.0), max(finite_x, default=0.0))
     x_scale = (RIGHT - LEFT) / (x_hi - x_lo)
     columns = int(RIGHT - LEFT)
-    x_ticks = nice_ticks(x_lo, x_hi, X_TICKS)
-    x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
+    x_ticks = nice_ticks(x_lo, x_hi, X_TICKS)  # always two or more
+    x_step = x_ticks[1] - x_ticks[0]
+
+    def px(x: float) -> float:
+        return LEFT + (x - x_lo) * x_scale
+
     n = len(panels)
     height = (BOTTOM - TOP - GAP * (n - 1)) / n
     out = [
@@ -194,16 +197,16 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
     out.append('</defs>')
     for i, (panel, top) in enumerate(zip(panels, tops, strict=True)):
         bottom = top + height
+        # each line's samples as floats, once (None: the series lacks the key)
+        line_ys = {line.key: [float(v) for v in series[line.key]] if line.key in series
+                   else None for line in panel.lines}
         if panel.ylim is not None:
             y_lo, y_hi = panel.ylim
         else:
-            values = [float(v) for line in panel.lines for v in series.get(line.key, [])]
-            finite = [v for v in values if math.isfinite(v)]
+            finite = [v for ys in line_ys.values() if ys is not None for v in ys
+                      if math.isfinite(v)]
             y_lo, y_hi = _limits(min(finite, default=0.0), max(finite, default=0.0))
         y_scale = height / (y_hi - y_lo)
-
-        def px(x: float) -> float:
-            return LEFT + (x - x_lo) * x_scale
 
         def py(y: float, y_lo: float = y_lo, y_scale: float = y_scale,
                bottom: float = bottom) -> float:
@@ -219,7 +222,7 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
         # y tick labels, with a power-of-ten offset once values reach OFFSET_FROM
         top_abs = max(abs(y_ticks[0]), abs(y_ticks[-1]))
         power = int(math.floor(math.log10(top_abs))) if top_abs >= OFFSET_FROM else 0
-        y_step = (y_ticks[1] - y_ticks[0]) / 10**power if len(y_ticks) > 1 else 1.0
+        y_step = (y_ticks[1] - y_ticks[0]) / 10**power
         for t in y_ticks:
             out.append(_text(LEFT - 6, py(t) + 3.5, _label(t / 10**power, y_step), anchor="end"))
         if power:
@@ -232,7 +235,7 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
                 out.append(_text(px(t), bottom + 14.5, _label(t, x_step)))
             out.append(_text((LEFT + RIGHT) / 2, bottom + 29, xlabel))
         for line in panel.lines:
-            ys = series.get(line.key)
+            ys = line_ys[line.key]
             if ys is None:
                 continue
             d = []

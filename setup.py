@@ -1,9 +1,9 @@
 """Build the engine's compiled core (``pip install -e .`` or ``pip install .``).
 
-The scheduler, KV cache manager, block pool, request state, engine loop and cluster event loop
-(``engine/{request,block_pool,kv_cache,scheduler,instance,cluster}.py``) and the bundle latency model
-(``profiles/latency.py``) are compiled by Cython from their own Python sources; the C types of
-their attributes and hot locals are declared beside them in the matching ``.pxd`` files
+The engine's modules and latency models named in ``COMPILED`` below are compiled by Cython
+from their own Python sources; for the scheduler, KV cache manager, block pool, request state,
+engine loop and bundle latency model the C types of their attributes and hot locals are
+declared beside them in the matching ``.pxd`` files
 ("augmenting" declarations: the ``.py`` stays plain, runnable Python). One implementation of
 the logic: the uncompiled sources are the oracle the tests compare the compiled modules
 against step for step (``SERVESWEEP_PURE_PYTHON=1``, ``engine/_pure.py``). Everything else

@@ -208,7 +208,7 @@ class NetworkModel:
         if involved_dims is not None and group is not None:
             raise ConfigError("give either group or involved_dims, not both")
         flags = (
-            tuple(bool(f) for f in involved_dims)
+            tuple(map(bool, involved_dims))
             if involved_dims is not None
             else self.involved_dims(group)
         )

@@ -69,6 +69,8 @@ class UnsupportedCollective(ConfigError):
 
 def parse_collective(op: str) -> str:
     """Canonical collective name from any common spelling (``ALLREDUCE``, ``all_reduce``, ...)."""
+    if type(op) is str and op in COLLECTIVES:
+        return op
     key = str(op).replace("-", "").replace("_", "").replace(" ", "").lower()
     if key not in _OP_ALIASES:
         raise ConfigError(f"collective: unknown {op!r}; use one of {COLLECTIVES}")
@@ -208,25 +210,30 @@ class Phase:
     min_ns: int  # first NPU's finish (differs from ns only for doubleBinaryTree)
 
 
-def plan_phases(
-    op: str, nbytes: int, topology: Topology, system: SystemConfig, dims: Sequence[int]
-) -> list[Phase]:
-    """The phases one chunk of ``nbytes`` goes through on the (non-trivial) dimensions ``dims``."""
+def _steps(
+    op: str, topology: Topology, system: SystemConfig, dims: Sequence[int]
+) -> tuple[tuple[int, str, str, Dimension], ...]:
+    """``(dimension index, phase collective, algorithm, dimension)`` of each phase of ``op`` on
+    the (non-trivial) dimensions ``dims``, in order; the bytes do not change them."""
     algos = system.algorithms_for(op, len(topology.dims))
-    steps: list[tuple[int, str]] = []
     if op == ALL_REDUCE and system.collective_optimization == "localBWAware" and len(dims) > 1:
-        steps += [(d, REDUCE_SCATTER) for d in dims[:-1]]
-        steps.append((dims[-1], ALL_REDUCE))
-        steps += [(d, ALL_GATHER) for d in reversed(dims[:-1])]
+        order = [(d, REDUCE_SCATTER) for d in dims[:-1]]
+        order.append((dims[-1], ALL_REDUCE))
+        order += [(d, ALL_GATHER) for d in reversed(dims[:-1])]
     elif op == ALL_GATHER:
-        steps = [(d, op) for d in reversed(dims)]
+        order = [(d, op) for d in reversed(dims)]
     else:
-        steps = [(d, op) for d in dims]
+        order = [(d, op) for d in dims]
+    return tuple((d, step_op, algos[d], topology.dims[d]) for d, step_op in order)
+
+
+def _phases(
+    steps: tuple[tuple[int, str, str, Dimension], ...], nbytes: int, system: SystemConfig
+) -> list[Phase]:
+    """The phases one chunk of ``nbytes`` goes through ``steps`` (:func:`_steps`)."""
     phases = []
     size = nbytes
-    for d, step_op in steps:
-        algo = algos[d]
-        dim = topology.dims[d]
+    for d, step_op, algo, dim in steps:
         t = phase_ns(step_op, algo, dim, size, system)
         t_min = dbt_root_ns(dim, size, system) if algo == "doubleBinaryTree" else t
         phases.append(Phase(d, step_op, algo, size, t, t_min))
@@ -237,6 +244,13 @@ def plan_phases(
         elif step_op == ALL_GATHER:
             size *= dim.npus
     return phases
+
+
+def plan_phases(
+    op: str, nbytes: int, topology: Topology, system: SystemConfig, dims: Sequence[int]
+) -> list[Phase]:
+    """The phases one chunk of ``nbytes`` goes through on the (non-trivial) dimensions ``dims``."""
+    return _phases(_steps(op, topology, system, dims), nbytes, system)
 
 
 def split_chunks(op: str, nbytes: int, group_npus: int, splits: int) -> tuple[int, int]:
@@ -385,6 +399,40 @@ class CollectiveTime:
     min_ns: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """What a collective's time depends on besides its bytes: the dimensions it runs on, the
+    size of its group and its phases' steps (:func:`_route`)."""
+
+    op: str
+    dims: tuple[int, ...]
+    group: int
+    steps: tuple[tuple[int, str, str, Dimension], ...]
+
+
+@lru_cache(maxsize=1 << 10)
+def _route(
+    op: str, topology: Topology, system: SystemConfig, involved: tuple[bool, ...] | None
+) -> _Route | None:
+    """The route of canonical ``op`` over ``involved`` (``None``: no dimension with more than
+    one NPU takes part, so the collective costs nothing)."""
+    if involved is None:
+        involved = (True,) * len(topology.dims)
+    if len(involved) != len(topology.dims):
+        raise ConfigError(
+            f"involved dims: {len(involved)} flags for a {len(topology.dims)}-dimension topology"
+        )
+    dims = tuple(
+        i
+        for i, (d, on) in enumerate(zip(topology.dims, involved, strict=True))
+        if on and d.npus > 1
+    )
+    if not dims:
+        return None
+    group = math.prod(topology.dims[i].npus for i in dims)
+    return _Route(op, dims, group, _steps(op, topology, system, dims))
+
+
 @lru_cache(maxsize=1 << 16)
 def collective_time(
     op: str,
@@ -401,31 +449,23 @@ def collective_time(
     op = parse_collective(op)
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ConfigError(f"collective bytes: {nbytes!r} must be a non-negative integer")
-    if involved is None:
-        involved = (True,) * len(topology.dims)
-    if len(involved) != len(topology.dims):
-        raise ConfigError(
-            f"involved dims: {len(involved)} flags for a {len(topology.dims)}-dimension topology"
-        )
-    dims = [
-        i
-        for i, (d, on) in enumerate(zip(topology.dims, involved, strict=True))
-        if on and d.npus > 1
-    ]
-    if nbytes == 0 or not dims:
+    route = _route(op, topology, system, involved)
+    if nbytes == 0 or route is None:
         return CollectiveTime(0, 0)
-    group = math.prod(topology.dims[i].npus for i in dims)
-    chunk, num_chunks = split_chunks(op, nbytes, group, system.dataset_splits)
-    phases = plan_phases(op, chunk, topology, system, dims)
-    a = system.active_chunks
-    if len(phases) == 1 and phases[0].algorithm == "doubleBinaryTree":
-        lo, hi = _dbt_chunked(topology.dims[dims[0]], chunk, num_chunks, system)
+    chunk, num_chunks = split_chunks(op, nbytes, route.group, system.dataset_splits)
+    steps = route.steps
+    if len(steps) == 1 and steps[0][2] == "doubleBinaryTree":
+        lo, hi = _dbt_chunked(steps[0][3], chunk, num_chunks, system)
         return CollectiveTime(hi, lo)
-    if len(phases) == 1:
-        rounds = -(-num_chunks // a)
-        return CollectiveTime(rounds * phases[0].ns, rounds * phases[0].min_ns)
+    if len(steps) == 1:
+        _, step_op, algo, dim = steps[0]
+        t = phase_ns(step_op, algo, dim, chunk, system)
+        rounds = -(-num_chunks // system.active_chunks)
+        return CollectiveTime(rounds * t, rounds * t)
+    phases = _phases(steps, chunk, system)
     if num_chunks == 1:
         return CollectiveTime(sum(p.ns for p in phases), sum(p.min_ns for p in phases))
+    a = system.active_chunks
     t = _list_schedule(phases, num_chunks, a, [p.ns for p in phases])
     t_min = _list_schedule(phases, num_chunks, a, [p.min_ns for p in phases])
     return CollectiveTime(t, t_min)

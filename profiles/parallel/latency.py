@@ -115,6 +115,8 @@ class ParallelLatencyModel:
         self._has_ep = model.is_moe and layout.ep > 1
         # A DP member's experts see the group's gathered tokens only when EP spans the group.
         self._gathers = model.is_moe and layout.ep_spans_group
+        self._tp_flags = layout.tp_flags()
+        self._ep_flags = layout.ep_flags() if self._has_ep else None
         self._cache: dict[BatchShape, int] = {}
         self._stage_cache: dict[BatchShape, tuple[int, ...]] = {}
         self._comm_cache: dict[int, int] = {}
@@ -127,13 +129,13 @@ class ParallelLatencyModel:
         if self.layout.tp == 1:
             return 0
         return self.network.collective_ns("all-reduce", tokens * self.model.hidden_size * self._fp,
-                                          involved_dims=self.layout.tp_flags())
+                                          involved_dims=self._tp_flags)
 
     def ep_collectives_ns(self, tokens: int) -> int:
         """EP all-gather (dispatch) + reduce-scatter (combine) around one MoE block."""
         if not self._has_ep:
             return 0
-        m, ep, flags = self.model, self.layout.ep, self.layout.ep_flags()
+        m, ep, flags = self.model, self.layout.ep, self._ep_flags
         ag = max(1, tokens // ep) * (m.hidden_size + m.num_experts) * self._fp
         rs = tokens * m.hidden_size * self._fp
         return (self.network.collective_ns("all-gather", ag, involved_dims=flags)

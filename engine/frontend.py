@@ -154,10 +154,16 @@ class ApiServer:
     reaches their arrival is exact.
     """
 
-    __slots__ = ("costs", "free_at", "_jobs", "_seq", "_requests", "client_ns", "busy_ns")
+    __slots__ = ("costs", "free_at", "_jobs", "_seq", "_requests", "client_ns", "busy_ns",
+                 "_ipc_ns", "_network_ns", "_output_step_ns", "_output_token_ns")
 
     def __init__(self, costs: FrontEndCosts) -> None:
         self.costs = costs
+        # The costs read at every step, as fields (C integers when compiled: frontend.pxd).
+        self._ipc_ns = costs.ipc_ns
+        self._network_ns = costs.network_ns
+        self._output_step_ns = costs.output_step_ns
+        self._output_token_ns = costs.output_token_ns
         self.free_at = 0
         # (arrival at the server, seq, cost, kind, a, b): a request job carries (request,
         # member), an output job (the member's delivery list, step index).
@@ -192,14 +198,16 @@ class ApiServer:
     def outputs(self, key: int, step: int, end_ns: int, num_tokens: int) -> None:
         """The output message of step ``step`` of member ``key``: sent when the step ends at
         ``end_ns``, carrying ``num_tokens`` new tokens (one per request that sampled)."""
-        log = self.client_ns.setdefault(key, [])
-        if len(log) <= step:
-            log.extend([-1] * (step + 1 - len(log)))
+        log = self.client_ns.get(key)
+        if log is None:
+            log = self.client_ns[key] = []
+        have = len(log)
+        if have <= step:
+            log.extend([-1] * (step + 1 - have))
         if num_tokens == 0:
             return  # nothing to stream (only prefill chunks that sampled no token)
-        c = self.costs
-        self._push(end_ns + c.ipc_ns, c.output_step_ns + c.output_token_ns * num_tokens,
-                   _OUTPUT, log, step)
+        self._push(end_ns + self._ipc_ns,
+                   self._output_step_ns + self._output_token_ns * num_tokens, _OUTPUT, log, step)
 
     def _push(self, arrival: int, cost: int, kind: int, a: object, b: object) -> None:
         self._seq += 1
@@ -210,16 +218,17 @@ class ApiServer:
         request, member)`` of each request job served, in order."""
         handed: list[tuple[int, object, object]] = []
         jobs = self._jobs
-        c = self.costs
         while jobs and jobs[0][0] <= t:
-            arrival, _, cost, kind, a, b = heapq.heappop(jobs)
+            job = heapq.heappop(jobs)
+            arrival, cost, kind, a, b = job[0], job[2], job[3], job[4], job[5]
             start = arrival if arrival > self.free_at else self.free_at
-            self.free_at = start + cost
+            done = start + cost
+            self.free_at = done
             self.busy_ns += cost
             if kind == _OUTPUT:  # the client receives the step's tokens
-                a[b] = self.free_at + c.network_ns  # type: ignore[index]
+                a[b] = done + self._network_ns  # type: ignore[index]
             else:
                 member, after = b  # type: ignore[misc]
-                handed.append((self.free_at + after, a, member))
+                handed.append((done + after, a, member))
                 self._requests.popleft()
         return handed

@@ -37,9 +37,15 @@ def _with_dummies(shapes: Sequence[BatchShape | None], who: str) -> list[BatchSh
     """The group's batches with each idle member's dummy batch; [] when all are idle."""
     if not shapes:
         raise ConfigError(f"{who}: empty group; pass one entry (or None) per DP member")
-    if all(s is None for s in shapes):
-        return []
-    return [dummy_batch() if s is None else s for s in shapes]
+    out = []
+    busy = False
+    for s in shapes:  # (loops, not generators: this runs every round of a DP group)
+        if s is None:
+            out.append(dummy_batch())
+        else:
+            out.append(s)
+            busy = True
+    return out if busy else []
 
 
 def _pad_to(shapes: list[BatchShape], m: int, *, sampled: bool) -> list[BatchShape]:
@@ -92,13 +98,21 @@ class VllmDpPad:
         real = _with_dummies(shapes, "VllmDpPad")
         if not real:
             return []
-        m = max(s.total_tokens for s in real)
-        if m <= self.cudagraph_max:
-            real = _pad_to(real, m, sampled=False)
-        if len(real) > 1:
-            g = sum(s.total_tokens for s in real)
-            real = [_resized(s, s.total_tokens, s.num_seqs, g) for s in real]
-        return real
+        m = 0
+        total = 0
+        for s in real:
+            t = s.total_tokens
+            total += t
+            if t > m:
+                m = t
+        pad = m <= self.cudagraph_max
+        if len(real) == 1:
+            return real  # its own size is the group's largest: nothing to pad or gather
+        g = m * len(real) if pad else total  # the group's token sum after padding
+        out = []
+        for s in real:
+            out.append(_resized(s, m if pad else s.total_tokens, s.num_seqs, g))
+        return out
 
 
 def dp_pad_for(rule: str, config: EngineConfig) -> DpPad | None:

@@ -22,9 +22,13 @@ from astra_bridge.binary import BinaryBackend, BinaryBackendError
 from astra_bridge.collectives import (
     COLLECTIVES,
     CollectiveTime,
+    Route,
     UnsupportedCollective,
-    collective_time,
+    check_bytes,
     p2p_ns,
+    parse_collective,
+    route,
+    time_on,
 )
 from astra_bridge.memory import MemoryTier, TierKind
 from astra_bridge.topology import (
@@ -78,6 +82,9 @@ class NetworkModel:
     def __init__(self, topology: Topology, system: SystemConfig) -> None:
         self.topology = topology
         self.system = system
+        # (op as given, algorithm, flags) -> route: a collective's route is resolved once, so
+        # pricing one hashes no topology or system config (astra_bridge.collectives.time_on).
+        self._routes: dict[tuple[str, object, tuple[bool, ...]], Route | None] = {}
 
     @classmethod
     def from_params(
@@ -212,7 +219,19 @@ class NetworkModel:
             if involved_dims is not None
             else self.involved_dims(group)
         )
-        return collective_time(op, nbytes, self.topology, self._system_for(algorithm), flags)
+        key = (op, algorithm if algorithm is None or isinstance(algorithm, str)
+               else tuple(algorithm), flags)
+        try:
+            on = self._routes[key]
+        except KeyError:
+            # The checks in astra_bridge.collectives.collective_time's order.
+            name = parse_collective(op)
+            check_bytes(nbytes)
+            on = self._routes[key] = route(name, self.topology, self._system_for(algorithm),
+                                           flags)
+        else:
+            check_bytes(nbytes)
+        return time_on(on, nbytes)
 
     def collective_ns(
         self,
@@ -239,4 +258,4 @@ class NetworkModel:
     @staticmethod
     def cache_info() -> object:
         """Hit/miss statistics of the shared collective memo."""
-        return collective_time.cache_info()
+        return time_on.cache_info()

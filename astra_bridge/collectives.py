@@ -31,7 +31,8 @@ Cases the simulator aborts or rejects raise :class:`UnsupportedCollective`: halv
 all-to-all (not implemented), halvingDoubling all-reduce on a chunk under ``2n`` bytes (zero-byte
 message), halvingDoubling / doubleBinaryTree on a non-power-of-two dimension.
 
-Results are memoised on (collective, bytes, topology, system config, involved dimensions).
+Results are memoised on the collective's route (collective, topology, system config, involved
+dimensions: :func:`route`) and its bytes.
 
 Beyond the golden data (extrapolations of the same rules, not verified against the simulator):
 NPU counts that are not powers of two (ring / direct only), more than two dimensions,
@@ -399,23 +400,29 @@ class CollectiveTime:
     min_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Route:
-    """What a collective's time depends on besides its bytes: the dimensions it runs on, the
-    size of its group and its phases' steps (:func:`_route`)."""
+@dataclass(frozen=True, slots=True, eq=False)
+class Route:
+    """What a collective's time depends on besides its bytes (:func:`route`): the collective,
+    the dimensions it runs on, the size of its group, its phases' steps and the system config.
+
+    Compared and hashed by identity: :func:`route` returns the same object for equal inputs,
+    so the time memo (:func:`time_on`) is keyed on it without hashing a topology or a system
+    config per call."""
 
     op: str
     dims: tuple[int, ...]
     group: int
     steps: tuple[tuple[int, str, str, Dimension], ...]
+    system: SystemConfig
 
 
 @lru_cache(maxsize=1 << 10)
-def _route(
+def route(
     op: str, topology: Topology, system: SystemConfig, involved: tuple[bool, ...] | None
-) -> _Route | None:
-    """The route of canonical ``op`` over ``involved`` (``None``: no dimension with more than
-    one NPU takes part, so the collective costs nothing)."""
+) -> Route | None:
+    """The route of canonical ``op`` over ``involved`` (per-dimension flags, ``None`` = all);
+    ``None`` when no dimension with more than one NPU takes part (the collective costs
+    nothing)."""
     if involved is None:
         involved = (True,) * len(topology.dims)
     if len(involved) != len(topology.dims):
@@ -430,30 +437,24 @@ def _route(
     if not dims:
         return None
     group = math.prod(topology.dims[i].npus for i in dims)
-    return _Route(op, dims, group, _steps(op, topology, system, dims))
+    return Route(op, dims, group, _steps(op, topology, system, dims), system)
+
+
+def check_bytes(nbytes: int) -> None:
+    """Refuse a byte count that is not a non-negative integer."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ConfigError(f"collective bytes: {nbytes!r} must be a non-negative integer")
 
 
 @lru_cache(maxsize=1 << 16)
-def collective_time(
-    op: str,
-    nbytes: int,
-    topology: Topology,
-    system: SystemConfig,
-    involved: tuple[bool, ...] | None = None,
-) -> CollectiveTime:
-    """Time of one collective (memoised). ``involved``: per-dimension flags, ``None`` = all.
-
-    ``nbytes == 0`` costs 0 ns (there is nothing to send; the engine emits no such collective).
-    A collective whose involved dimensions all have one NPU also costs 0 ns.
-    """
-    op = parse_collective(op)
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise ConfigError(f"collective bytes: {nbytes!r} must be a non-negative integer")
-    route = _route(op, topology, system, involved)
-    if nbytes == 0 or route is None:
+def time_on(on: Route | None, nbytes: int) -> CollectiveTime:
+    """Time of one collective of ``nbytes`` (checked by the caller) along ``on`` (memoised:
+    the collective memo every network model shares)."""
+    if nbytes == 0 or on is None:
         return CollectiveTime(0, 0)
-    chunk, num_chunks = split_chunks(op, nbytes, route.group, system.dataset_splits)
-    steps = route.steps
+    system = on.system
+    chunk, num_chunks = split_chunks(on.op, nbytes, on.group, system.dataset_splits)
+    steps = on.steps
     if len(steps) == 1 and steps[0][2] == "doubleBinaryTree":
         lo, hi = _dbt_chunked(steps[0][3], chunk, num_chunks, system)
         return CollectiveTime(hi, lo)
@@ -469,6 +470,26 @@ def collective_time(
     t = _list_schedule(phases, num_chunks, a, [p.ns for p in phases])
     t_min = _list_schedule(phases, num_chunks, a, [p.min_ns for p in phases])
     return CollectiveTime(t, t_min)
+
+
+def collective_time(
+    op: str,
+    nbytes: int,
+    topology: Topology,
+    system: SystemConfig,
+    involved: tuple[bool, ...] | None = None,
+) -> CollectiveTime:
+    """Time of one collective (memoised, :func:`time_on`). ``involved``: per-dimension flags,
+    ``None`` = all.
+
+    ``nbytes == 0`` costs 0 ns (there is nothing to send; the engine emits no such collective).
+    A collective whose involved dimensions all have one NPU also costs 0 ns.
+    """
+    op = parse_collective(op)
+    check_bytes(nbytes)
+    if involved is None:  # as NetworkModel spells "every dimension": the same route object
+        involved = (True,) * len(topology.dims)
+    return time_on(route(op, topology, system, involved), nbytes)
 
 
 def collective_ns(

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from astra_bridge import NetworkModel, SystemConfig, Topology
-from astra_bridge.collectives import collective_time, p2p_ns
+from astra_bridge.collectives import p2p_ns, time_on
 from astra_bridge.golden import replay_all
 
 
@@ -76,7 +76,7 @@ def lookup_speed(repeats: int = 200_000) -> None:
         Topology.from_lists(["FullyConnected", "Switch"], [8, 4], [900, 50], [100, 5000]),
         SystemConfig(local_mem_bw_gbps=3350, dataset_splits=4, active_chunks=2),
     )
-    collective_time.cache_clear()
+    time_on.cache_clear()
     cold_sizes = [5120 * (i + 1) for i in range(2000)]  # 2,000 distinct shapes: all misses
     t0 = time.perf_counter()
     for s in cold_sizes:
@@ -94,7 +94,7 @@ def lookup_speed(repeats: int = 200_000) -> None:
     print(f"collective_ns cold (2-D, 4 chunks): {cold * 1e6:8.1f} us/call")
     print(f"collective_ns memoised:             {warm * 1e6:8.2f} us/call")
     print(f"p2p_ns memoised:                    {p2p * 1e6:8.2f} us/call")
-    print(f"memo: {collective_time.cache_info()}")
+    print(f"memo: {time_on.cache_info()}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,9 @@ from astra_bridge.collectives import (
     phase_ns,
     plan_phases,
     reduction_ns,
+    route,
     split_chunks,
+    time_on,
 )
 from astra_bridge.topology import Dimension, DimKind
 from engine.specs import ConfigError, HardwareSpec
@@ -234,15 +236,54 @@ def test_algorithm_override_equals_configured_algorithm() -> None:
 
 def test_results_are_memoised_by_shape() -> None:
     t = topo("Switch", 16, 123, 45)  # a shape no other test uses
-    before = collective_time.cache_info()
+    before = time_on.cache_info()
     first = collective_time("all-gather", 777_777, t, SYS768)
     again = collective_time(
         "all-gather", 777_777, Topology(t.dims), SystemConfig(local_mem_bw_gbps=768)
     )
-    after = collective_time.cache_info()
-    assert first == again
+    # A network model over equal inputs shares the memo (the same route object).
+    model = NetworkModel(Topology(t.dims), SystemConfig(local_mem_bw_gbps=768))
+    third = model.collective_time("ALLGATHER", 777_777)
+    after = time_on.cache_info()
+    assert first == again == third
     assert after.misses == before.misses + 1
-    assert after.hits == before.hits + 1
+    assert after.hits == before.hits + 2
+    assert route("all-gather", t, SYS768, (True,)) is route(
+        "all-gather", Topology(t.dims), SystemConfig(local_mem_bw_gbps=768), (True,))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    op=st.sampled_from(["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]),
+    nbytes=st.integers(0, 2**26),
+    flags=st.sampled_from([(True, True), (True, False), (False, True), (False, False)]),
+    algorithm=st.sampled_from([None, "ring", "direct", ("ring", "direct")]),
+)
+def test_network_model_prices_as_the_module(op: str, nbytes: int, flags: tuple[bool, bool],
+                                            algorithm: str | tuple[str, ...] | None) -> None:
+    t = Topology((Dimension(DimKind.RING, 4, 50.0, 500.0), Dimension(DimKind.SWITCH, 2, 25.0, 700.0)))
+    model = NetworkModel(t, SYS768)
+    system = SYS768 if algorithm is None else SYS768.with_algorithms(algorithm)
+    want = collective_time(op, nbytes, t, system, flags)
+    assert model.collective_time(op, nbytes, involved_dims=list(flags),
+                                 algorithm=algorithm) == want
+    assert model.collective_time(op, nbytes, involved_dims=flags, algorithm=algorithm) == want
+
+
+def test_network_model_checks_in_the_module_order() -> None:
+    model = NetworkModel(topo("Ring", 4), SYS768)
+    with pytest.raises(ConfigError, match="unknown 'broadcast'"):
+        model.collective_ns("broadcast", -1, involved_dims=(True, True))
+    with pytest.raises(ConfigError, match="collective bytes"):
+        model.collective_ns("all-reduce", -1, involved_dims=(True, True))
+    with pytest.raises(ConfigError, match="2 flags for a 1-dimension"):
+        model.collective_ns("all-reduce", 8, involved_dims=(True, True))
+    assert model.collective_ns("all-reduce", 1024) > 0
+    # A route already resolved still checks the bytes of every call.
+    with pytest.raises(ConfigError, match="collective bytes"):
+        model.collective_ns("all-reduce", 1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="collective bytes"):
+        model.collective_ns("all-reduce", True)  # type: ignore[arg-type]
 
 
 def test_for_hardware_uses_interconnect_and_hbm() -> None:

@@ -507,10 +507,10 @@ def timeseries_frame(logs: list[StepLog], start_ns: int) -> pd.DataFrame:
             if hold and k < n_sec:
                 out[name][k:] += arr[-1]
     out["kv_usage_pct"] /= len(per)
-    frame = pd.DataFrame({"t_s": np.arange(1, n_sec + 1, dtype=float), **out})
-    for c in ("running", "waiting"):
-        frame[c] = frame[c].astype(np.int64)
-    return frame[cols]
+    for c in ("running", "waiting"):  # counts, summed as floats above
+        out[c] = out[c].astype(np.int64)
+    return pd.DataFrame({"t_s": np.arange(1, n_sec + 1, dtype=float),
+                         **{c: out[c] for c in cols[1:]}})
 
 
 def _one_series(log: StepLog, start_ns: int) -> tuple[np.ndarray, ...]:

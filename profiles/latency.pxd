@@ -38,6 +38,10 @@ cdef class _Row(_KvFn):
                    x0=double, y0=double)
     cpdef double at(self, double kv)
 
+@cython.locals(total=Py_ssize_t, n=Py_ssize_t, at=Py_ssize_t, i=Py_ssize_t, view="double[::1]",
+               row=_Row, built=list, xs=tuple, ys=tuple)
+cpdef tuple _rows_of(object curves)
+
 cdef class _Lerp(_KvFn):
     cdef _KvFn a
     cdef _KvFn b

@@ -234,12 +234,7 @@ class _Row(_KvFn):
     """One profiled kv_decode row: :func:`interp1d` over its keys, on C doubles when
     compiled (the keys and values are integers below 2**53, so the same results)."""
 
-    __slots__ = ("xs", "ys", "n")
-
-    def __init__(self, curve: Curve) -> None:
-        self.xs = array("d", curve.xs)
-        self.ys = array("d", curve.ys)
-        self.n = len(curve.xs)
+    __slots__ = ("xs", "ys", "n")  # set by _rows_of
 
     def at(self, kv: float) -> float:
         n = self.n
@@ -262,6 +257,32 @@ class _Row(_KvFn):
         x0 = self.xs[i]
         y0 = self.ys[i]
         return y0 + (kv - x0) / (self.xs[i + 1] - x0) * (self.ys[i + 1] - y0)
+
+
+def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
+    """The rows of one profiled slice. Their keys and values share one buffer of doubles,
+    viewed once: each row holds a slice of that view (when compiled, taking a typed view of a
+    new array costs more than filling it; ``array('d', ints)`` parses each item)."""
+    total = 0
+    for c in curves:
+        total += len(c.xs)
+    view = array("d", bytes(16 * total))  # the keys of every row, then their values
+    built = []
+    at = 0
+    for c in curves:
+        xs = c.xs
+        ys = c.ys
+        n = len(xs)
+        for i in range(n):
+            view[at + i] = xs[i]
+            view[total + at + i] = ys[i]
+        row = _Row.__new__(_Row)
+        row.xs = view[at:at + n]
+        row.ys = view[total + at:total + at + n]
+        row.n = n
+        built.append(row)
+        at += n
+    return tuple(built)
 
 
 class _Lerp(_KvFn):
@@ -371,11 +392,8 @@ class _AttentionLookup:
                 return _KvFn()
             sl = self._slices[pair]
         rows = self._rows.get(pair)
-        if rows is None:  # (a loop: no generator in a cpdef method)
-            built = []
-            for c in sl.rows:
-                built.append(_Row(c))
-            rows = self._rows[pair] = tuple(built)
+        if rows is None:
+            rows = self._rows[pair] = _rows_of(sl.rows)
         lo, hi, t = locate(sl.kp, kp)
         if lo == hi:
             return rows[lo]

@@ -2,7 +2,7 @@
 
 The engine's modules and latency models named in ``COMPILED`` below are compiled by Cython
 from their own Python sources; for the scheduler, KV cache manager, block pool, request state,
-engine loop and bundle latency model the C types of their attributes and hot locals are
+engine loop, API server and bundle latency model the C types of their attributes and hot locals are
 declared beside them in the matching ``.pxd`` files
 ("augmenting" declarations: the ``.py`` stays plain, runnable Python). One implementation of
 the logic: the uncompiled sources are the oracle the tests compare the compiled modules

@@ -80,11 +80,22 @@ class NetworkModel:
     """
 
     def __init__(self, topology: Topology, system: SystemConfig) -> None:
-        self.topology = topology
-        self.system = system
+        self._topology = topology
+        self._system = system
         # (op as given, algorithm, flags) -> route: a collective's route is resolved once, so
         # pricing one hashes no topology or system config (astra_bridge.collectives.time_on).
-        self._routes: dict[tuple[str, object, tuple[bool, ...]], Route | None] = {}
+        self._routes: dict[tuple[str, str | tuple[str, ...] | None, tuple[bool, ...]],
+                           Route | None] = {}
+
+    @property
+    def topology(self) -> Topology:
+        """The network (fixed: the model's resolved routes are built on it)."""
+        return self._topology
+
+    @property
+    def system(self) -> SystemConfig:
+        """The system layer's config (fixed, as ``topology``)."""
+        return self._system
 
     @classmethod
     def from_params(
@@ -219,16 +230,17 @@ class NetworkModel:
             if involved_dims is not None
             else self.involved_dims(group)
         )
-        key = (op, algorithm if algorithm is None or isinstance(algorithm, str)
-               else tuple(algorithm), flags)
+        algos = algorithm if algorithm is None or isinstance(algorithm, str) else tuple(algorithm)
+        key = (op, algos, flags)
         try:
             on = self._routes[key]
         except KeyError:
-            # The checks in astra_bridge.collectives.collective_time's order.
+            # The checks in the order of a call to astra_bridge.collectives.collective_time
+            # with this model's system config for ``algorithm``.
+            system = self._system_for(algos)
             name = parse_collective(op)
             check_bytes(nbytes)
-            on = self._routes[key] = route(name, self.topology, self._system_for(algorithm),
-                                           flags)
+            on = self._routes[key] = route(name, self._topology, system, flags)
         else:
             check_bytes(nbytes)
         return time_on(on, nbytes)

@@ -45,7 +45,6 @@ depends on the output work queued before it, which depends on the engine's steps
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from dataclasses import dataclass, fields
 
@@ -54,6 +53,9 @@ from engine.specs import ConfigError
 FRONTEND_MODES = ("api_server", "in_process", "none")
 _NS_PER_US = 1000
 _REQUEST, _OUTPUT = 0, 1
+# A front-end cost's bound: 1000 s a job is beyond any server, and the server's clock and
+# costs are 64-bit integer ns when compiled (frontend.pxd).
+_MAX_US = 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +105,9 @@ class FrontEndSpec:
             if f.name == "mode":
                 continue
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
-                raise ConfigError(f"frontend {f.name}={v!r} is not allowed; allowed: a finite "
-                                  "number of microseconds >= 0")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < _MAX_US:
+                raise ConfigError(f"frontend {f.name}={v!r} is not allowed; allowed: a number "
+                                  f"of microseconds >= 0 and below {_MAX_US:.0e} (1000 s)")
 
     def costs(self) -> FrontEndCosts | None:
         """The per-job costs in ns this mode implies, or None for ``none``."""

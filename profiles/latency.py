@@ -260,9 +260,10 @@ class _Row(_KvFn):
 
 
 def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
-    """The rows of one profiled slice. Their keys and values share one buffer of doubles,
-    viewed once: each row holds a slice of that view (when compiled, taking a typed view of a
-    new array costs more than filling it; ``array('d', ints)`` parses each item)."""
+    """The rows of one profiled slice. Compiled, their keys and values share one buffer of
+    doubles viewed once, each row a slice of that view (taking a typed view of a new array
+    costs more than filling it; ``array('d', ints)`` parses each item); interpreted, each row
+    holds copies (array slices) of the same values."""
     total = 0
     for c in curves:
         total += len(c.xs)

@@ -235,7 +235,8 @@ def test_algorithm_override_equals_configured_algorithm() -> None:
 
 
 def test_results_are_memoised_by_shape() -> None:
-    t = topo("Switch", 16, 123, 45)  # a shape no other test uses
+    t = topo("Switch", 16, 123, 45)
+    time_on.cache_clear()
     before = time_on.cache_info()
     first = collective_time("all-gather", 777_777, t, SYS768)
     again = collective_time(
@@ -252,22 +253,39 @@ def test_results_are_memoised_by_shape() -> None:
         "all-gather", Topology(t.dims), SystemConfig(local_mem_bw_gbps=768), (True,))
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    op=st.sampled_from(["all-reduce", "all-gather", "reduce-scatter", "all-to-all"]),
-    nbytes=st.integers(0, 2**26),
-    flags=st.sampled_from([(True, True), (True, False), (False, True), (False, False)]),
-    algorithm=st.sampled_from([None, "ring", "direct", ("ring", "direct")]),
+_CALL = st.tuples(
+    st.sampled_from(["all-reduce", "ALLGATHER", "reduce_scatter", "all-to-all"]),
+    st.integers(0, 2**26),
+    st.sampled_from([(True, True), (True, False), (False, True), (False, False)]),
+    st.sampled_from([None, "ring", "direct", ("ring", "direct"), ["direct", "ring"]]),
 )
-def test_network_model_prices_as_the_module(op: str, nbytes: int, flags: tuple[bool, bool],
-                                            algorithm: str | tuple[str, ...] | None) -> None:
-    t = Topology((Dimension(DimKind.RING, 4, 50.0, 500.0), Dimension(DimKind.SWITCH, 2, 25.0, 700.0)))
-    model = NetworkModel(t, SYS768)
-    system = SYS768 if algorithm is None else SYS768.with_algorithms(algorithm)
-    want = collective_time(op, nbytes, t, system, flags)
-    assert model.collective_time(op, nbytes, involved_dims=list(flags),
-                                 algorithm=algorithm) == want
-    assert model.collective_time(op, nbytes, involved_dims=flags, algorithm=algorithm) == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(calls=st.lists(_CALL, min_size=1, max_size=12), chunks=st.integers(1, 3),
+       splits=st.sampled_from([1, 2, 5]))
+def test_network_model_prices_as_the_module(
+    calls: list[tuple[str, int, tuple[bool, bool], object]], chunks: int, splits: int,
+) -> None:
+    # One model takes every call: its route cache must tell apart collectives, flags and
+    # algorithms (a key that drops one returns another call's time).
+    t = Topology((Dimension(DimKind.RING, 4, 50.0, 500.0),
+                  Dimension(DimKind.SWITCH, 2, 25.0, 700.0)))
+    base = SystemConfig(local_mem_bw_gbps=768, active_chunks=chunks, dataset_splits=splits)
+    model = NetworkModel(t, base)
+    for op, nbytes, flags, algorithm in calls:
+        system = base if algorithm is None else base.with_algorithms(algorithm)
+        try:
+            want = collective_time(op, nbytes, t, system, flags)
+        except UnsupportedCollective as exc:
+            with pytest.raises(UnsupportedCollective, match=str(exc)[:40]):
+                model.collective_time(op, nbytes, involved_dims=list(flags),
+                                      algorithm=algorithm)
+            continue
+        assert model.collective_time(op, nbytes, involved_dims=list(flags),
+                                     algorithm=algorithm) == want
+        assert model.collective_time(op, nbytes, involved_dims=flags,
+                                     algorithm=algorithm) == want
 
 
 def test_network_model_checks_in_the_module_order() -> None:
@@ -278,7 +296,12 @@ def test_network_model_checks_in_the_module_order() -> None:
         model.collective_ns("all-reduce", -1, involved_dims=(True, True))
     with pytest.raises(ConfigError, match="2 flags for a 1-dimension"):
         model.collective_ns("all-reduce", 8, involved_dims=(True, True))
+    with pytest.raises(ConfigError, match="unknown collective algorithm 'nope'"):
+        model.collective_ns("broadcast", -1, algorithm="nope")  # the algorithm first
     assert model.collective_ns("all-reduce", 1024) > 0
+    # An algorithm list given as an iterator is read once.
+    assert model.collective_ns("all-reduce", 4096, algorithm=iter(["direct"])) == \
+        model.collective_ns("all-reduce", 4096, algorithm="direct")
     # A route already resolved still checks the bytes of every call.
     with pytest.raises(ConfigError, match="collective bytes"):
         model.collective_ns("all-reduce", 1.5)  # type: ignore[arg-type]

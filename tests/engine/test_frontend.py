@@ -81,6 +81,8 @@ def _fields(spec: FrontEndSpec) -> dict:
     ({"request_us": -1.0}, "request_us=-1.0 is not allowed"),
     ({"ipc_us": float("inf")}, "ipc_us=inf"),
     ({"network_us": True}, "network_us=True"),
+    ({"network_us": 1e16}, "network_us=1e.16 is not allowed.*below 1e.09"),
+    ({"output_token_us": float("nan")}, "output_token_us=nan"),
 ])
 def test_bad_settings_are_named(bad, match):
     with pytest.raises(ConfigError, match=match):

@@ -418,13 +418,10 @@ class Route:
 
 @lru_cache(maxsize=1 << 10)
 def route(
-    op: str, topology: Topology, system: SystemConfig, involved: tuple[bool, ...] | None
+    op: str, topology: Topology, system: SystemConfig, involved: tuple[bool, ...]
 ) -> Route | None:
-    """The route of canonical ``op`` over ``involved`` (per-dimension flags, ``None`` = all);
-    ``None`` when no dimension with more than one NPU takes part (the collective costs
-    nothing)."""
-    if involved is None:
-        involved = (True,) * len(topology.dims)
+    """The route of canonical ``op`` over ``involved`` (one flag per dimension); ``None`` when
+    no dimension with more than one NPU takes part (the collective costs nothing)."""
     if len(involved) != len(topology.dims):
         raise ConfigError(
             f"involved dims: {len(involved)} flags for a {len(topology.dims)}-dimension topology"
@@ -487,7 +484,7 @@ def collective_time(
     """
     op = parse_collective(op)
     check_bytes(nbytes)
-    if involved is None:  # as NetworkModel spells "every dimension": the same route object
+    if involved is None:  # every dimension, spelt as NetworkModel does (one route object)
         involved = (True,) * len(topology.dims)
     return time_on(route(op, topology, system, involved), nbytes)
 

@@ -30,7 +30,11 @@ def pad_dp_group(shapes: Sequence[BatchShape | None]) -> list[BatchShape]:
     yields no round (empty list).
     """
     real = _with_dummies(shapes, "pad_dp_group")
-    return _pad_to(real, max(s.total_tokens for s in real), sampled=True) if real else []
+    if not real:
+        return []
+    m = max(s.total_tokens for s in real)
+    return [s if s.total_tokens == m else
+            _resized(s, m, s.num_seqs + m - s.total_tokens, s.moe_tokens) for s in real]
 
 
 def _with_dummies(shapes: Sequence[BatchShape | None], who: str) -> list[BatchShape]:
@@ -46,15 +50,6 @@ def _with_dummies(shapes: Sequence[BatchShape | None], who: str) -> list[BatchSh
             out.append(s)
             busy = True
     return out if busy else []
-
-
-def _pad_to(shapes: list[BatchShape], m: int, *, sampled: bool) -> list[BatchShape]:
-    """Each batch padded to ``m`` tokens with dummy decodes: dense rows and MoE see them,
-    attention keeps the real decodes, and the per-sequence rows (lm_head, sampler) see them only
-    when ``sampled``."""
-    return [s if s.total_tokens == m else
-            _resized(s, m, s.num_seqs + (m - s.total_tokens if sampled else 0), s.moe_tokens)
-            for s in shapes]
 
 
 def _resized(s: BatchShape, total_tokens: int, num_seqs: int, moe_tokens: int) -> BatchShape:

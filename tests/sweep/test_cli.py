@@ -71,7 +71,10 @@ def test_ctrl_c_stops_the_sweep_and_its_ray(tmp_path):
         while "ok=1" not in seen and time.monotonic() < deadline:
             ready, _, _ = select.select([fd], [], [], 1.0)
             if ready:  # raw reads: the progress bar redraws with "\r", no newline follows
-                seen += os.read(fd, 65536).decode(errors="replace")
+                chunk = os.read(fd, 65536)
+                if not chunk:  # the sweep closed its output: "ok=1" can no longer come
+                    break
+                seen += chunk.decode(errors="replace")
         assert "ok=1" in seen, seen[-2000:]
         os.killpg(proc.pid, signal.SIGINT)
         t0 = time.monotonic()

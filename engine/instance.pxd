@@ -57,6 +57,9 @@ cdef class EngineUnit:
 
     @cython.locals(c="long long", h="long long")
     cpdef long long _overhead(self, long long t_gpu)
+    @cython.locals(sched=Scheduler, log=StepLog, gen="long long")
+    cpdef _record(self, Member m, step, long long end_ns)
+    @cython.locals(m=Member, end="long long", steps=list)
     cpdef _complete_oldest(self)
     @cython.locals(sched=Scheduler, span_ok=bint, single=bint, reach=object)
     cpdef poll(self, long long t, object horizon_ns=*, object defer_ns=*)

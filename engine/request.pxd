@@ -66,3 +66,5 @@ cdef class Request:
     cpdef unsigned long long[::1] hash_view(self, Py_ssize_t num_blocks)
     @cython.locals(bs=Py_ssize_t, total=Py_ssize_t, h=object)
     cpdef object _sequence_hashes(self)
+    @cython.locals(runs=list, o=tuple)
+    cpdef list token_runs(self)

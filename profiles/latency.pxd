@@ -81,3 +81,47 @@ cpdef long long round_even(double x)
                i="long long", t_mean="long long", t_max="long long", v="long long", edge=double)
 cpdef list _decode_run_ns(_KvFn attn, _SkewAlphas skew, double fallback, long long fixed, long long L,
                           long long nd, long long kv_mean, long long kv_max, double rate, long long k)
+
+@cython.locals(nd="long long", kv_mean="long long", gap="long long", rate=double)
+cpdef double _skew_rate(shape)
+
+cdef class ProfiledLatencyModel:
+    cdef public object bundle
+    cdef public object model
+    cdef public object tp
+    cdef public object ep
+    cdef public object reference_quirks
+    cdef public object arch
+    cdef public object _tables
+    cdef public object _tp1
+    cdef public object _fp_bytes
+    cdef public object _bw
+    cdef public list _prologue
+    cdef public list _block
+    cdef public list _head
+    cdef public _AttentionLookup _attention
+    cdef public object _moe
+    cdef public object _skew_entry
+    cdef public _SkewAlphas _skew
+    cdef public double _alpha_fallback
+    cdef public list _tok_groups
+    cdef public list _seq_groups
+    cdef public dict _tok_cache
+    cdef public dict _moe_cache
+    cdef public dict _seq_cache
+    cdef object __weakref__
+
+    cpdef long long _token_part(self, long long tokens)
+    cpdef long long _seq_part(self, long long seqs)
+    @cython.locals(pc="long long", kp="long long", nd="long long", kv_mean="long long",
+                   kv_max="long long", fn=_KvFn, t_mean="long long", t_max="long long",
+                   alpha=double)
+    cpdef long long attention_ns(self, shape)
+    @cython.locals(skew=_SkewAlphas, nd="long long")
+    cpdef double skew_alpha(self, shape)
+    cpdef long long moe_ns(self, shape)
+    cpdef long long _moe_for_tokens(self, long long total_tokens)
+    cpdef long long host_io_ns(self, shape)
+    cpdef long long iteration_ns(self, shape)
+    @cython.locals(nd="long long", L="long long", fixed="long long", kv_mean="long long")
+    cpdef list decode_steps_ns(self, shape, long long k)

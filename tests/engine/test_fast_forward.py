@@ -269,13 +269,13 @@ def test_dp_group_spans_equal_step_by_step(shared_data, monkeypatch, pad, async_
     reqs = _poisson_requests(seed=5, n=240, mean_gap_ns=60_000_000, max_prompt=800)
     kwargs = {"dp_pad": dp_pad_for(pad, cfg)}
     orders: list[list[str]] = []
-    real_add = RequestRecords.add
 
-    def add(self, req, *a, **kw):
-        orders[-1].append(req.request_id)
-        return real_add(self, req, *a, **kw)
+    class Recording(RequestRecords):  # the records the run keeps, noting the order of finishes
+        def add(self, req, *a, **kw):
+            orders[-1].append(req.request_id)
+            return super().add(req, *a, **kw)
 
-    monkeypatch.setattr(RequestRecords, "add", add)
+    monkeypatch.setattr(importlib.import_module("engine.simulate"), "RequestRecords", Recording)
     orders.append([])
     slow, us = _run(specs, reqs, kwargs, False, monkeypatch)
     orders.append([])

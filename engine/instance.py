@@ -304,7 +304,10 @@ class EngineUnit:
     # -- the engine loop -----------------------------------------------------------------
     def _complete_oldest(self) -> None:
         steps, end = self.inflight.popleft()
-        for m, step in zip(self.members, steps, strict=True):
+        members = self.members
+        for j in range(len(members)):  # (steps has one per member; no zip: it costs per step)
+            m = members[j]
+            step = steps[j]
             if not step.reqs:
                 continue
             for req in m.scheduler.update_from_output(step, end):
@@ -398,9 +401,9 @@ class EngineUnit:
                     it, stage = self._duration(steps)
                     start = t if t > self.gpu_free_at else self.gpu_free_at
                     self.gpu_free_at = start + stage
-                    for m, s in zip(members, steps, strict=True):
-                        if s.reqs:
-                            m.num_steps += 1
+                    for j in range(len(members)):
+                        if steps[j].reqs:
+                            members[j].num_steps += 1
                     inflight.append((steps, start + it))
                     if len(inflight) < self.depth:
                         continue  # async/PP: schedule the next step while this one runs

@@ -22,7 +22,7 @@ cdef class KVCacheManager:
     cpdef bint allocate_slots(self, Request req, long long num_new_tokens, long long num_new_computed_tokens=*, list hit_blocks=*)
     @cython.locals(bs=Py_ssize_t, slots="long long", cache_at="long long")
     cpdef _set_thresholds(self, Request req, list blocks)
-    @cython.locals(num_full=Py_ssize_t, blocks=list, hashes="const unsigned long long[::1]", done="long long")
+    @cython.locals(num_full=Py_ssize_t, blocks=list, done="long long")
     cpdef cache_blocks(self, Request req, long long num_tokens)
     @cython.locals(blocks=list)
     cpdef free(self, Request req)

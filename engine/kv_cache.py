@@ -263,9 +263,11 @@ class KVCacheManager:
         done = req.kv_num_cached
         if done < 0 or num_full <= done:  # no block table, or nothing newly full
             return
-        hashes = req.hash_view(num_full)
+        req.hashes(num_full)  # (computed once per request; checks that they reach num_full)
         blocks = req.kv_blocks
-        self.pool.cache_full_blocks(blocks, hashes, done, num_full)
+        # The typed view itself, not hash_view's copy of it: a returned view costs two atomic
+        # reference-count updates, here once per newly full block.
+        self.pool.cache_full_blocks(blocks, req._hash_view, done, num_full)
         req.kv_num_cached = num_full
         self._set_thresholds(req, blocks)
         if self.tiers is not None:

@@ -7,6 +7,10 @@ from engine.request cimport Request, TokenLog
 cpdef long long _first_kv_schedule(Request r, long long c0, bint async_)
 
 cdef long long _NO_OP
+cdef object _TUPLE_NEW
+
+cdef inline object _shape(long long total, long long seqs, long long pc, long long kp, long long nd,
+                          long long dsum, long long dmin, long long dmax)
 cdef object _ZEROS, _NO_OPS, _ZERO_FLOATS
 
 @cython.locals(s="long long", u="long long")
@@ -16,6 +20,16 @@ cdef inline long long _schedules_of(long long stop, long long n_s)
 
 @cython.locals(m="long long", p=Py_ssize_t)
 cdef long long _first_due(long long[::1] next_s, long long[::1] next_u, long long[::1] fin)
+
+cdef class ScheduledStep:
+    cdef public list reqs
+    cdef public list num_tokens
+    cdef public list samples
+    cdef public list preempted
+    cdef public object shape
+    cdef public long long total_tokens
+    cdef public long long prompt_tokens
+    cdef public long long extra_ns
 
 cdef class Scheduler:
     cdef public KVCacheManager kv

@@ -337,9 +337,10 @@ def _feed_outputs(fe: ApiServer, members: list[tuple[int, Member]], fed: list[in
     """Queue at ``fe`` the output message of every step its members logged since last time."""
     for mi, m in members:
         log = m.log
-        end = len(log.end_ns)
+        ends, gens = log.end_ns, log.gen_tokens
+        end = len(ends)
         for k in range(fed[mi], end):
-            fe.outputs(mi, k, log.end_ns[k], log.gen_tokens[k])
+            fe.outputs(mi, k, ends[k], gens[k])
         fed[mi] = end
 
 

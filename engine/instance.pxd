@@ -4,15 +4,26 @@ from engine.scheduler cimport Scheduler
 cdef long long _MAX_CHUNK
 cdef long long _NO_ROUND
 cdef long long _DEFER_STEPS
-cdef object _ZEROS
+cdef Py_ssize_t _PENDING_STEPS
+cdef object _ZEROS, _ZERO_FLOATS
 
 cdef class StepLog:
-    cdef public object end_ns
-    cdef public object running
-    cdef public object waiting
-    cdef public object usage
-    cdef public object prompt_tokens
-    cdef public object gen_tokens
+    cdef object _end_ns
+    cdef object _running
+    cdef object _waiting
+    cdef object _usage
+    cdef object _prompt_tokens
+    cdef object _gen_tokens
+    cdef object _pend_q
+    cdef long long[::1] _qv
+    cdef object _pend_d
+    cdef double[::1] _dv
+    cdef Py_ssize_t _n
+    @cython.locals(n=Py_ssize_t, qv="long long[::1]")
+    cpdef add(self, long long end_ns, long long running, long long waiting, double usage,
+              long long prompt_tokens, long long gen_tokens)
+    @cython.locals(n=Py_ssize_t, p=Py_ssize_t)
+    cpdef flush(self)
 
 cdef class SpanPlan:
     cdef public list spans
@@ -57,7 +68,7 @@ cdef class EngineUnit:
 
     @cython.locals(c="long long", h="long long")
     cpdef long long _overhead(self, long long t_gpu)
-    @cython.locals(sched=Scheduler, log=StepLog, gen="long long")
+    @cython.locals(sched=Scheduler, gen="long long")
     cpdef _record(self, Member m, step, long long end_ns)
     @cython.locals(m=Member, end="long long", steps=list, members=list, j=Py_ssize_t)
     cpdef _complete_oldest(self)

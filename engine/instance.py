@@ -71,22 +71,106 @@ _MAX_CHUNK = 1 << 20  # decode-span steps priced at once, at most (C ints: no do
 # (callgrind, 64 replicas x 100 requests of benchmarks/engine_scale.py's load): 12 and 48
 # steps cost 9.5 % and 5.6 % more instructions than 24. (Results never depend on it.)
 _DEFER_STEPS = 24
+# Steps a StepLog holds before moving them to its arrays.
+_PENDING_STEPS = 256
 _ZEROS = array("q", [0])  # a one-element prototype (``_ZEROS * n``); never written to
+_ZERO_FLOATS = array("d", [0.0])
 
 
 class StepLog:
     """Per-step samples for the time series, as compact arrays (8 bytes a value: a million
-    requests take ten million steps); converted once at the end."""
+    requests take ten million steps); converted once at the end.
 
-    __slots__ = ("end_ns", "running", "waiting", "usage", "prompt_tokens", "gen_tokens")
+    A step logged one at a time (:meth:`add`) is first written in place into small pending
+    arrays (compiled: through typed views kept for the log's life, where an ``array.append``
+    parses its argument) and moved to the columns in bulk (:meth:`flush`) when they fill or a
+    column is read; the columns (``COLUMNS``) always hold every step logged."""
+
+    __slots__ = ("_end_ns", "_running", "_waiting", "_usage", "_prompt_tokens", "_gen_tokens",
+                 "_pend_q", "_qv", "_pend_d", "_dv", "_n")
+
+    COLUMNS = ("end_ns", "running", "waiting", "usage", "prompt_tokens", "gen_tokens")
 
     def __init__(self) -> None:
-        self.end_ns = array("q")
-        self.running = array("q")
-        self.waiting = array("q")
-        self.usage = array("d")
-        self.prompt_tokens = array("q")
-        self.gen_tokens = array("q")
+        self._end_ns = array("q")
+        self._running = array("q")
+        self._waiting = array("q")
+        self._usage = array("d")
+        self._prompt_tokens = array("q")
+        self._gen_tokens = array("q")
+        # Steps logged since the last flush, 0 .. _n - 1: the int columns one after another
+        # (_PENDING_STEPS values each, COLUMNS' order less usage), usage apart. Never resized.
+        self._pend_q = _ZEROS * (5 * _PENDING_STEPS)
+        self._qv = self._pend_q  # (compiled: typed views of the same arrays)
+        self._pend_d = _ZERO_FLOATS * _PENDING_STEPS
+        self._dv = self._pend_d
+        self._n = 0
+
+    def add(self, end_ns: int, running: int, waiting: int, usage: float, prompt_tokens: int,
+            gen_tokens: int) -> None:
+        """Log one step."""
+        n = self._n
+        qv = self._qv
+        qv[n] = end_ns
+        qv[_PENDING_STEPS + n] = running
+        qv[2 * _PENDING_STEPS + n] = waiting
+        qv[3 * _PENDING_STEPS + n] = prompt_tokens
+        qv[4 * _PENDING_STEPS + n] = gen_tokens
+        self._dv[n] = usage
+        self._n = n + 1
+        if n + 1 == _PENDING_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Move the pending steps to the columns."""
+        n = self._n
+        if n == 0:
+            return
+        q = self._pend_q
+        p = _PENDING_STEPS
+        self._end_ns.extend(q[:n])
+        self._running.extend(q[p : p + n])
+        self._waiting.extend(q[2 * p : 2 * p + n])
+        self._prompt_tokens.extend(q[3 * p : 3 * p + n])
+        self._gen_tokens.extend(q[4 * p : 4 * p + n])
+        self._usage.extend(self._pend_d[:n])
+        self._n = 0
+
+    @property
+    def end_ns(self) -> array:
+        """Each step's end, ns (int64)."""
+        self.flush()
+        return self._end_ns
+
+    @property
+    def running(self) -> array:
+        """Running requests after each step (int64)."""
+        self.flush()
+        return self._running
+
+    @property
+    def waiting(self) -> array:
+        """Waiting requests after each step (int64)."""
+        self.flush()
+        return self._waiting
+
+    @property
+    def usage(self) -> array:
+        """KV cache usage after each step, 0..1 (float64)."""
+        self.flush()
+        return self._usage
+
+    @property
+    def prompt_tokens(self) -> array:
+        """Prefill-chunk tokens of each step (int64)."""
+        self.flush()
+        return self._prompt_tokens
+
+    @property
+    def gen_tokens(self) -> array:
+        """Tokens sampled by each step (int64)."""
+        self.flush()
+        return self._gen_tokens
 
 
 class Member:
@@ -288,18 +372,13 @@ class EngineUnit:
         return it + extra, stage + extra
 
     def _record(self, m: Member, step: ScheduledStep, end_ns: int) -> None:
-        log = m.log
         sched = m.scheduler
-        log.end_ns.append(end_ns)
-        log.running.append(len(sched.running))
-        log.waiting.append(len(sched.waiting) + len(m.arrived_kv))
-        log.usage.append(sched.kv.pool.usage())
-        log.prompt_tokens.append(step.prompt_tokens)
         gen = 0  # the step's sampled tokens (a loop: sum() over bools is slow, compiled)
         for s in step.samples:
             if s:
                 gen += 1
-        log.gen_tokens.append(gen)
+        m.log.add(end_ns, len(sched.running), len(sched.waiting) + len(m.arrived_kv),
+                  sched.kv.pool.usage(), step.prompt_tokens, gen)
 
     # -- the engine loop -----------------------------------------------------------------
     def _complete_oldest(self) -> None:
@@ -639,17 +718,18 @@ class EngineUnit:
             # Completed steps are only logged (as _complete_oldest / _record would log them).
             if n_c:  # (in bulk: one extend per column, each an int64 / float64 array)
                 log = m.log
+                log.flush()  # (the steps logged before the span first)
                 sched.token_log.times.extend(done)
-                log.end_ns.extend(done)
-                log.running.extend(out.running)
-                log.waiting.extend(array("q", [len(sched.waiting) + len(m.arrived_kv)]) * n_c)
-                log.usage.extend(out.usage)
+                log._end_ns.extend(done)
+                log._running.extend(out.running)
+                log._waiting.extend(array("q", [len(sched.waiting) + len(m.arrived_kv)]) * n_c)
+                log._usage.extend(out.usage)
                 # C_1 completes the step in flight before the span (its prefill chunks, if
                 # any, ended their prompts); every later one, a span step of decodes only.
                 prompt = _ZEROS * n_c
                 prompt[0] = plan.first_prompt[j]
-                log.prompt_tokens.extend(prompt)
-                log.gen_tokens.extend(out.gen)
+                log._prompt_tokens.extend(prompt)
+                log._gen_tokens.extend(out.gen)
             for c, req in out.finished:
                 finished.append((c, j, req))
             n_tail = len(out.tail)

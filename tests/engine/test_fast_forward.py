@@ -85,7 +85,7 @@ def _assert_same(a, b, ua, ub) -> None:
     for x, y in zip(ua, ub, strict=True):
         assert x.gpu_free_at == y.gpu_free_at
         for ma, mb in zip(x.members, y.members, strict=True):
-            for name in ma.log.__slots__:
+            for name in ma.log.COLUMNS:
                 assert getattr(ma.log, name) == getattr(mb.log, name), (ma.name, name)
             assert ma.num_steps == mb.num_steps
             sa, sb = ma.scheduler, mb.scheduler

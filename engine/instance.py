@@ -136,6 +136,12 @@ class StepLog:
         self._usage.extend(self._pend_d[:n])
         self._n = 0
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its columns (a compiled log's typed views cannot be pickled)."""
+        self.flush()
+        return (_unpickled_step_log, (self._end_ns, self._running, self._waiting, self._usage,
+                                      self._prompt_tokens, self._gen_tokens))
+
     @property
     def end_ns(self) -> array:
         """Each step's end, ns (int64)."""
@@ -171,6 +177,18 @@ class StepLog:
         """Tokens sampled by each step (int64)."""
         self.flush()
         return self._gen_tokens
+
+
+def _unpickled_step_log(end_ns: array, running: array, waiting: array, usage: array,
+                        prompt_tokens: array, gen_tokens: array) -> StepLog:
+    log = StepLog()
+    log._end_ns = end_ns
+    log._running = running
+    log._waiting = waiting
+    log._usage = usage
+    log._prompt_tokens = prompt_tokens
+    log._gen_tokens = gen_tokens
+    return log
 
 
 class Member:

@@ -190,6 +190,12 @@ class RequestRecords:
     def __len__(self) -> int:
         return self.n
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its filled rows (a compiled record table's typed views cannot be
+        pickled)."""
+        return (_unpickled_records, (self.logs, self.request_id, self._rows[: self.n].copy(),
+                                     self._runs[: self.n_runs].copy()))
+
     def add(self, req: Request, send_ns: int | None = None, instance: int = -1) -> None:
         """Record ``req`` (finished: nothing of it changes any more). ``send_ns``: when the
         client sent it (default its engine arrival); ``instance``: the position of the
@@ -380,6 +386,17 @@ class RequestRecords:
         if instances is not None:
             data["instance"] = np.array(list(instances), dtype=object)[col["instance"]]
         return pd.DataFrame(data)
+
+
+def _unpickled_records(logs: list[TokenLog], request_id: list[str], rows: np.ndarray,
+                       runs: np.ndarray) -> RequestRecords:
+    records = RequestRecords(logs)
+    records.request_id = request_id
+    records._set_rows(_doubled(rows, len(rows)) if len(rows) else records._rows)
+    records._set_runs(_doubled(runs, len(runs)) if len(runs) else records._runs)
+    records.n = len(rows)
+    records.n_runs = len(runs)
+    return records
 
 
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -149,3 +149,52 @@ def test_chunk_rows_must_be_positive(tmp_path) -> None:
     with pytest.raises(ValueError, match="chunk_rows"):
         simulate_cluster(_instances(), _workload(5), stream_to=tmp_path / "r.parquet",
                          chunk_rows=0)
+
+
+def test_record_tables_and_step_logs_pickle_with_their_rows(monkeypatch) -> None:
+    """A run's record table and a step log survive pickling (compiled, their typed views are
+    rebuilt): the same frame, the same columns, and a log keeps logging after the trip."""
+    import importlib
+    import pickle
+
+    from engine.instance import StepLog
+    from engine.results import RequestRecords
+
+    kept: list[RequestRecords] = []
+
+    class Keeping(RequestRecords):
+        def __init__(self, *args) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*args)
+            kept.append(self)
+
+    monkeypatch.setattr(importlib.import_module("engine.simulate"), "RequestRecords", Keeping)
+    simulate_cluster(_instances(), _workload(300))
+    (records,) = kept
+    back = pickle.loads(pickle.dumps(records))
+    assert len(back) == len(records) == 300
+    _assert_same_table(records.frame(), back.frame())
+    back.add(back_req := _finished_request())
+    assert len(back) == 301 and back.request_id[-1] == back_req.request_id
+
+    log = StepLog()
+    for k in range(700):  # past the pending rows' capacity: flushed and pending steps both
+        log.add(10 * k, k % 7, k % 3, k / 1000, k % 5, k % 2)
+    again = pickle.loads(pickle.dumps(log))
+    for name in StepLog.COLUMNS:
+        assert getattr(again, name) == getattr(log, name), name
+    again.add(7000, 1, 2, 0.5, 3, 1)
+    assert again.end_ns[-1] == 7000 and len(again.usage) == 701
+
+
+def _finished_request():  # type: ignore[no-untyped-def]
+    """A request as the engine leaves it at its finish (one token run of a fresh log)."""
+    from engine.request import Request, TokenLog
+
+    spec = _workload(1)[0]
+    r = Request(spec, 0, 16, False)
+    log = TokenLog()
+    log.times.extend([5, 6])
+    r.tok_open = (log, 0, r.tok_next)
+    r.tok_next += 2
+    r.num_tokens += 2
+    return r

@@ -402,7 +402,8 @@ class EngineUnit:
     def _complete_oldest(self) -> None:
         steps, end = self.inflight.popleft()
         members = self.members
-        for j in range(len(members)):  # (steps has one per member; no zip: it costs per step)
+        assert len(steps) == len(members), "a launch has one step per member"
+        for j in range(len(members)):  # (an index loop: zip(strict=True) costs per step)
             m = members[j]
             step = steps[j]
             if not step.reqs:

@@ -265,7 +265,7 @@ class KVCacheManager:
             return
         req.hashes(num_full)  # (computed once per request; checks that they reach num_full)
         blocks = req.kv_blocks
-        # The typed view itself, not hash_view's copy of it: a returned view costs two atomic
+        # The typed view itself, not a view returned by hash_view: that costs two atomic
         # reference-count updates, here once per newly full block.
         self.pool.cache_full_blocks(blocks, req._hash_view, done, num_full)
         req.kv_num_cached = num_full

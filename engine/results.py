@@ -143,11 +143,11 @@ class RequestRecords:
     dropped: a table of int64 rows (the scalar columns ``_SCALARS`` and the end of the
     request's runs), the request ids, and each request's output token times as runs of
     consecutive steps of one scheduler's token log (``TokenLog``): rows ``(log, first step,
-    end step)`` of a run table, the request's runs being rows ``run_end[i - 1] ..
-    run_end[i]``. Both tables are numpy buffers with room to grow (doubled when full), written
-    in place through typed views when compiled. About 120 bytes per request (24 more per
-    extra run); the token times themselves stay in the logs (8 bytes per step of each
-    scheduler).
+    end step)`` of a run table, record ``i``'s runs being rows ``_rows[i - 1, _RUN_END] ..
+    _rows[i, _RUN_END]``. Both tables are numpy buffers with room to grow (doubled when full),
+    written in place through typed views when compiled. About 150 bytes per request (24 more
+    per extra run; up to twice that while the tables are half full); the token times
+    themselves stay in the logs (8 bytes per step of each scheduler).
 
     ``logs`` are the schedulers' token logs in member order (a run names its log by position;
     logs not listed are added as they appear)."""
@@ -193,8 +193,8 @@ class RequestRecords:
     def __reduce__(self) -> tuple:
         """Pickled as its filled rows (a compiled record table's typed views cannot be
         pickled)."""
-        return (_unpickled_records, (self.logs, self.request_id, self._rows[: self.n].copy(),
-                                     self._runs[: self.n_runs].copy()))
+        return (_unpickled_records, (type(self), self.logs, self.request_id,
+                                     self._rows[: self.n].copy(), self._runs[: self.n_runs].copy()))
 
     def add(self, req: Request, send_ns: int | None = None, instance: int = -1) -> None:
         """Record ``req`` (finished: nothing of it changes any more). ``send_ns``: when the
@@ -388,9 +388,9 @@ class RequestRecords:
         return pd.DataFrame(data)
 
 
-def _unpickled_records(logs: list[TokenLog], request_id: list[str], rows: np.ndarray,
-                       runs: np.ndarray) -> RequestRecords:
-    records = RequestRecords(logs)
+def _unpickled_records(cls: type[RequestRecords], logs: list[TokenLog], request_id: list[str],
+                       rows: np.ndarray, runs: np.ndarray) -> RequestRecords:
+    records = cls(logs)
     records.request_id = request_id
     records._set_rows(_doubled(rows, len(rows)) if len(rows) else records._rows)
     records._set_runs(_doubled(runs, len(runs)) if len(runs) else records._runs)

@@ -152,17 +152,18 @@ class ScheduledStep:
 
     def __init__(self, reqs: list[Request] | None = None, num_tokens: list[int] | None = None,
                  samples: list[bool] | None = None, preempted: list[Request] | None = None,
-                 shape: BatchShape | None = None, total_tokens: int = 0) -> None:
+                 shape: BatchShape | None = None, total_tokens: int = 0,
+                 prompt_tokens: int = 0, extra_ns: int = 0) -> None:
         self.reqs: list[Request] = [] if reqs is None else reqs
         self.num_tokens: list[int] = [] if num_tokens is None else num_tokens
         self.samples: list[bool] = [] if samples is None else samples
         self.preempted: list[Request] = [] if preempted is None else preempted
         self.shape = shape
         self.total_tokens = total_tokens
-        self.prompt_tokens = 0  # tokens of entries that are prefill chunks (n > 1)
+        self.prompt_tokens = prompt_tokens  # tokens of entries that are prefill chunks (n > 1)
         # Time this step spends beyond the batch's compute, on its critical path (e.g.
         # recalling prefix-cache KV from a lower memory tier). Added by whoever causes it.
-        self.extra_ns = 0
+        self.extra_ns = extra_ns
 
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return (f"ScheduledStep({len(self.reqs)} requests, total_tokens={self.total_tokens}, "

@@ -14,6 +14,7 @@ from engine.batch import BatchShape
 from engine.deployment import InstanceSpec
 from engine.frontend import FrontEndSpec
 from engine.memory import KVCapacity
+from engine.results import RequestRecords
 from engine.simulate import simulate_cluster
 from engine.specs import ConfigError, EngineConfig, HardwareSpec
 from engine.workload import RequestSpec
@@ -158,20 +159,14 @@ def test_record_tables_and_step_logs_pickle_with_their_rows(monkeypatch) -> None
     import pickle
 
     from engine.instance import StepLog
-    from engine.results import RequestRecords
 
-    kept: list[RequestRecords] = []
-
-    class Keeping(RequestRecords):
-        def __init__(self, *args) -> None:  # type: ignore[no-untyped-def]
-            super().__init__(*args)
-            kept.append(self)
-
-    monkeypatch.setattr(importlib.import_module("engine.simulate"), "RequestRecords", Keeping)
+    monkeypatch.setattr(importlib.import_module("engine.simulate"), "RequestRecords",
+                        _KeptRecords)
+    _KeptRecords.kept.clear()
     simulate_cluster(_instances(), _workload(300))
-    (records,) = kept
+    (records,) = _KeptRecords.kept
     back = pickle.loads(pickle.dumps(records))
-    assert len(back) == len(records) == 300
+    assert type(back) is type(records) and len(back) == len(records) == 300
     _assert_same_table(records.frame(), back.frame())
     back.add(back_req := _finished_request())
     assert len(back) == 301 and back.request_id[-1] == back_req.request_id
@@ -184,6 +179,16 @@ def test_record_tables_and_step_logs_pickle_with_their_rows(monkeypatch) -> None
         assert getattr(again, name) == getattr(log, name), name
     again.add(7000, 1, 2, 0.5, 3, 1)
     assert again.end_ns[-1] == 7000 and len(again.usage) == 701
+
+
+class _KeptRecords(RequestRecords):
+    """The record table a run makes, kept for the test (a module-level class: it pickles)."""
+
+    kept: list[RequestRecords] = []
+
+    def __init__(self, *args) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args)
+        _KeptRecords.kept.append(self)
 
 
 def _finished_request():  # type: ignore[no-untyped-def]

@@ -24,6 +24,7 @@ cdef class StepLog:
               long long prompt_tokens, long long gen_tokens)
     @cython.locals(n=Py_ssize_t, p=Py_ssize_t)
     cpdef flush(self)
+    cpdef extend(self, end_ns, running, waiting, usage, prompt_tokens, gen_tokens)
 
 cdef class SpanPlan:
     cdef public list spans
@@ -88,7 +89,7 @@ cdef class EngineUnit:
     @cython.locals(out=list, j=Py_ssize_t, r=Py_ssize_t, c="long long", prices=list)
     cpdef list _group_rounds_ns(self, list raw, list padded, long long first, long long k)
     @cython.locals(sched=Scheduler, times=list, ends=list, ops="long long", n_s="long long",
-                   n_c="long long", c="long long", log=StepLog, outs=list, finished=list,
+                   n_c="long long", c="long long", m=Member, outs=list, finished=list,
                    first="long long", j=Py_ssize_t, k=Py_ssize_t, n_tail=Py_ssize_t, done=object,
                    done_v="long long[::1]",
                    prompt=object, steps=list)

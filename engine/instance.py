@@ -136,6 +136,18 @@ class StepLog:
         self._usage.extend(self._pend_d[:n])
         self._n = 0
 
+    def extend(self, end_ns: array, running: array, waiting: array, usage: array,
+               prompt_tokens: array, gen_tokens: array) -> None:
+        """Log a run of steps at once, after the steps logged before (one array per column,
+        int64 but ``usage`` float64, all of one length)."""
+        self.flush()
+        self._end_ns.extend(end_ns)
+        self._running.extend(running)
+        self._waiting.extend(waiting)
+        self._usage.extend(usage)
+        self._prompt_tokens.extend(prompt_tokens)
+        self._gen_tokens.extend(gen_tokens)
+
     def __reduce__(self) -> tuple:
         """Pickled as its columns (a compiled log's typed views cannot be pickled)."""
         self.flush()
@@ -179,15 +191,9 @@ class StepLog:
         return self._gen_tokens
 
 
-def _unpickled_step_log(end_ns: array, running: array, waiting: array, usage: array,
-                        prompt_tokens: array, gen_tokens: array) -> StepLog:
+def _unpickled_step_log(*columns: array) -> StepLog:
     log = StepLog()
-    log._end_ns = end_ns
-    log._running = running
-    log._waiting = waiting
-    log._usage = usage
-    log._prompt_tokens = prompt_tokens
-    log._gen_tokens = gen_tokens
+    log.extend(*columns)
     return log
 
 
@@ -736,19 +742,14 @@ class EngineUnit:
             m.num_steps += n_s
             # Completed steps are only logged (as _complete_oldest / _record would log them).
             if n_c:  # (in bulk: one extend per column, each an int64 / float64 array)
-                log = m.log
-                log.flush()  # (the steps logged before the span first)
                 sched.token_log.times.extend(done)
-                log._end_ns.extend(done)
-                log._running.extend(out.running)
-                log._waiting.extend(array("q", [len(sched.waiting) + len(m.arrived_kv)]) * n_c)
-                log._usage.extend(out.usage)
                 # C_1 completes the step in flight before the span (its prefill chunks, if
                 # any, ended their prompts); every later one, a span step of decodes only.
                 prompt = _ZEROS * n_c
                 prompt[0] = plan.first_prompt[j]
-                log._prompt_tokens.extend(prompt)
-                log._gen_tokens.extend(out.gen)
+                m.log.extend(done, out.running,
+                             array("q", [len(sched.waiting) + len(m.arrived_kv)]) * n_c,
+                             out.usage, prompt, out.gen)
             for c, req in out.finished:
                 finished.append((c, j, req))
             n_tail = len(out.tail)

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -158,8 +159,6 @@ def _context_tags() -> dict[str, str]:
     notebook"; each would first import IPython to learn it (``resolve_tags`` 0.28–0.34 CPU-s
     against 0.04–0.05 without, where IPython is installed). There the import is made to fail for the duration, which every probe takes
     for the same answer (they catch ``ImportError`` as "no shell")."""
-    import sys
-
     from mlflow.tracking.context.registry import resolve_tags
 
     if "IPython" in sys.modules:
@@ -183,6 +182,7 @@ class Tracker:
         check_store(uri)
         db = sqlite_path(uri)
         self.client = MlflowClient(tracking_uri=uri)
+        self._sql_store: Any = None  # set once the experiment is found (the store is made then)
         try:
             exp = self.client.get_experiment_by_name(experiment)
             self.experiment_id = (exp.experiment_id if exp
@@ -191,6 +191,10 @@ class Tracker:
                 with contextlib.closing(sqlite3.connect(db)) as con:
                     con.execute("PRAGMA journal_mode=WAL")
             self._context_tags = _context_tags()
+            if "mlflow.store.tracking.sqlalchemy_store" in sys.modules:  # maybe a SQL store
+                with long_lived():
+                    from sweep.metric_rows import sql_store
+                self._sql_store = sql_store(self.client)
         except Exception as err:  # first contact: one message, not MLflow's traceback chain
             raise TrackingError(
                 f"tracking.uri={uri}: cannot open experiment {experiment!r}: "
@@ -245,11 +249,11 @@ class Tracker:
                   tags: Mapping[str, str] | None = None,
                   series: Mapping[str, Iterable[float]] | None = None,
                   steps: list[int] | None = None, prefix: str = "ts/") -> None:
-        """One point's params, tags, metrics and stepped series (``log_series``) in as few
-        ``log_batch`` calls as MLflow's batch limits allow (two for a typical point, against
-        one call per kind and per 100 params before). Each call is one store transaction,
-        retried on its own, so a retry never logs a value twice. ±inf metrics go in as NaN
-        with a ``nonfinite_metrics`` tag, as in ``log_metrics``."""
+        """One point's params, tags, metrics and stepped series (``log_series``): params and
+        tags in as few ``log_batch`` calls as MLflow's batch limits allow (one for a typical
+        point), then every metric row in one write (``_log_metric_list``). Each write is one
+        store transaction, retried on its own, so a retry never logs a value twice. ±inf
+        metrics go in as NaN with a ``nonfinite_metrics`` tag, as in ``log_metrics``."""
         now = int(time.time() * 1000)
         values, replaced = finite_metrics(metrics)
         all_tags = dict(tags or {})
@@ -264,14 +268,33 @@ class Tracker:
                 for name, column in series.items()
                 for step, v in zip(steps, column, strict=True)
             ]
-        while param_items or tag_items or metric_items:
+        while param_items or tag_items:
             batch_params, param_items = param_items[:MAX_PARAMS], param_items[MAX_PARAMS:]
             batch_tags, tag_items = tag_items[:MAX_TAGS], tag_items[MAX_TAGS:]
-            room = min(MAX_METRICS, MAX_ENTITIES - len(batch_params) - len(batch_tags))
-            batch_metrics, metric_items = metric_items[:room], metric_items[room:]
-            self._batch(run_id, params=batch_params, tags=batch_tags, metrics=batch_metrics)
+            self._batch(run_id, params=batch_params, tags=batch_tags)
+        self._log_metric_list(run_id, metric_items)
 
     def _log_metric_list(self, run_id: str, items: list[Metric]) -> None:
+        """``items`` into run ``run_id``: into a SQL store as rows in one transaction
+        (``sweep.metric_rows``; MLflow's ``log_batch`` costs ~150 µs a metric there), else,
+        and for rows a committed earlier attempt left in the store, through ``log_batch``
+        (which skips those) in batches of MLflow's limit."""
+        if not items:
+            return
+        if self._sql_store is not None:
+            from sweep.metric_rows import AlreadyLogged, insert_metrics
+
+            store = self._sql_store
+
+            def insert() -> bool:
+                try:
+                    insert_metrics(store, run_id, items)
+                except AlreadyLogged:
+                    return False
+                return True
+
+            if self.retry.call(f"log {len(items)} metrics to run {run_id}", insert):
+                return
         for i in range(0, len(items), MAX_METRICS):
             self._batch(run_id, metrics=items[i : i + MAX_METRICS])
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from engine.specs import ConfigError
+from profiles.yaml_load import safe_load
 
 ARCHITECTURE_DIR = Path(__file__).with_name("architectures")
 TABLE_KINDS = ("dense", "per_sequence", "attention", "moe")
@@ -131,7 +132,7 @@ def load_architecture_file(path: str | Path) -> Architecture:
     except OSError as exc:
         raise ArchitectureError(f"{p}: cannot read architecture file ({exc})") from exc
     try:
-        data = yaml.safe_load(text)
+        data = safe_load(text)
     except yaml.YAMLError as exc:
         raise ArchitectureError(f"{p}: invalid YAML ({exc}); fix the syntax") from exc
     return parse_architecture(data, str(p))

@@ -21,6 +21,7 @@ import yaml
 
 from engine.memory import QK_NORM_MODEL_TYPES
 from engine.specs import ConfigError, HardwareSpec, ModelSpec
+from profiles.yaml_load import safe_load
 
 CATALOG_DIR = Path(__file__).resolve().parent
 MODELS_DIR = CATALOG_DIR / "models"
@@ -35,7 +36,7 @@ _HARDWARE_META_KEYS = {"aliases"}
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}); fix the file syntax") from exc
     if not isinstance(data, dict):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
+import profiles.bundle as bundle_mod
 from profiles.bundle import (
     BundleError,
     Curve,
@@ -487,3 +488,47 @@ def test_cached_bundle_is_reloaded_when_a_tp_folder_appears(tmp_path) -> None:
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert set(load_bundle(variant).tps) == {1, 2}
+
+
+def _reads_alike(path: Path, columns: dict[str, str]) -> None:
+    """The one-pass reader takes a well-formed table and gives the row reader's values,
+    of the same Python types."""
+    fast = bundle_mod._read_numeric_csv_columnar(path, columns)
+    rows = bundle_mod._read_numeric_csv_rows(path, columns, "fix")
+    assert fast is not None, path
+    assert fast == rows
+    assert all([type(v) for v in fast[c]] == [type(v) for v in rows[c]] for c in fast)
+
+
+TABLE_COLUMNS = {
+    "dense.csv": {"layer": "str", "tokens": "int", "time_us": "time"},
+    "per_sequence.csv": {"layer": "str", "sequences": "int", "time_us": "time"},
+    "attention.csv": {"prefill_chunk": "int", "kv_prefill": "int", "n_decode": "int",
+                      "kv_decode": "int", "time_us": "time"},
+}
+
+
+def test_one_pass_and_row_readers_agree_on_a_bundle(tmp_path: Path) -> None:
+    vdir = write_bundle(tmp_path)
+    for name, columns in TABLE_COLUMNS.items():
+        _reads_alike(vdir / "tp1" / name, columns)
+
+
+def test_one_pass_and_row_readers_agree_on_the_measured_bundles(shared_data: Path) -> None:
+    checked = 0
+    for path in sorted((shared_data / "llmservingsim" / "profiles").rglob("*.csv")):
+        if path.name in TABLE_COLUMNS:
+            _reads_alike(path, TABLE_COLUMNS[path.name])
+            checked += 1
+    assert checked >= 9
+
+
+@pytest.mark.parametrize("body", ["qkv_proj,4,3\n\nqkv_proj,8,5\n",  # a blank line
+                                  "qkv_proj, 4 ,3\nqkv_proj,8,5\n",  # spaces round a key
+                                  "qkv_proj,4,3\n , , \nqkv_proj,8,5\n"])  # a row of blanks
+def test_what_the_one_pass_reader_does_not_take_the_row_reader_reads(tmp_path: Path,
+                                                                      body: str) -> None:
+    path = tmp_path / "dense.csv"
+    path.write_text("layer,tokens,time_us\n" + body)
+    assert bundle_mod._read_numeric_csv(path, TABLE_COLUMNS["dense.csv"], "fix") == {
+        "layer": ["qkv_proj", "qkv_proj"], "tokens": [4, 8], "time_us": [3.0, 5.0]}

@@ -231,22 +231,23 @@ class BlockPool:
     # -- allocation ---------------------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[int]:
         """Pop ``n`` blocks from the head of the free queue, evicting their cached hashes."""
-        out: list[int] = []
-        self.append_new_blocks(out, n)
-        return out
+        out = array("i", bytes(4 * n))
+        self.append_new_to(out, 0, n)
+        return out.tolist()
 
-    def append_new_blocks(self, out: list[int], n: int) -> None:
-        """:meth:`get_new_blocks` appending to ``out`` (a request's block table) directly."""
+    def append_new_to(self, table: array, start: int, n: int) -> None:
+        """:meth:`get_new_blocks` written into ``table[start:start + n]`` (a request's int32
+        block table, with room for them) directly."""
         if n > self.num_free:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
         sentinel = self.num_blocks
-        for _ in range(n):
+        for i in range(start, start + n):
             b = self._next[sentinel]
             self._unlink(b)
             if self._hashed[b]:
                 self._evict(b)
             self._ref[b] = 1
-            out.append(b)
+            table[i] = b
         self.num_free -= n
 
     def touch(self, blocks: list[int]) -> None:
@@ -259,7 +260,16 @@ class BlockPool:
 
     def free_blocks(self, ordered: list[int]) -> None:
         """Drop one reference on each block; blocks reaching 0 go to the tail in this order."""
-        for b in ordered:
+        table = array("i", ordered)
+        table.reverse()
+        self.free_table(table, len(table))
+
+    def free_table(self, table: array, n: int) -> None:
+        """Drop one reference on each of ``table[:n]`` (a request's block table), last first,
+        so its last block is evicted first (vLLM frees a request's blocks tail-first); blocks
+        reaching 0 go to the free queue's tail in that order."""
+        for i in range(n - 1, -1, -1):
+            b = table[i]
             r = self._ref[b] - 1
             if r < 0:
                 raise BlockPoolError(f"block {b} freed more often than it was referenced")
@@ -269,9 +279,10 @@ class BlockPool:
                 self.num_free += 1
 
     def cache_full_blocks(
-        self, blocks: list[int], block_hashes: array, num_cached: int, num_full: int
+        self, blocks: array, block_hashes: array, num_cached: int, num_full: int
     ) -> None:
-        """Register blocks ``[num_cached, num_full)`` of a request under their chained hashes."""
+        """Register blocks ``[num_cached, num_full)`` of a request's block table (int32)
+        under their chained hashes."""
         for i in range(num_cached, num_full):
             b = blocks[i]
             if self._hashed[b]:

@@ -213,16 +213,18 @@ def run_cluster(
     # exhausted), `n` how many were sent; the run ends when all sent have finished.
     arrivals = iter(requests)
     upcoming = next(arrivals, None)
+    # its send time, read once (_NO_EVENT once the input is exhausted)
+    upcoming_ns = upcoming.arrival_ns if upcoming is not None else _NO_EVENT
     n = 0
-    t = upcoming.arrival_ns if upcoming is not None else 0
+    t = upcoming_ns if upcoming is not None else 0
     while upcoming is not None or finished < n:
         # The next event: a send, a job reaching an API server, a request reaching its engine,
         # a KV delivery, or a busy unit's step completion.
         t_next = _NO_EVENT
         if wake_heap:
             t_next = wake_heap[0][0]
-        if upcoming is not None and upcoming.arrival_ns < t_next:
-            t_next = upcoming.arrival_ns
+        if upcoming_ns < t_next:
+            t_next = upcoming_ns
         if deliveries and deliveries[0][0] < t_next:
             t_next = deliveries[0][0]
         if handoffs and handoffs[0][0] < t_next:
@@ -233,10 +235,11 @@ def run_cluster(
             _raise_stuck(units)
         if t_next > t:
             t = t_next
-        while upcoming is not None and upcoming.arrival_ns <= t:
+        while upcoming is not None and upcoming_ns <= t:
             req = upcoming
             n += 1
             upcoming = next(arrivals, None)
+            upcoming_ns = upcoming.arrival_ns if upcoming is not None else _NO_EVENT
             m = router.pick("front", front, req, t)
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
@@ -277,7 +280,7 @@ def run_cluster(
         # also a request it still holds or is handing over). Before it a unit may run steady
         # decode steps in bulk (EngineUnit.poll); its output messages then reach the server
         # ahead of the clock, which serves jobs by arrival, so the order is the same.
-        horizon = upcoming.arrival_ns if upcoming is not None else _NO_EVENT
+        horizon = upcoming_ns
         if deliveries and deliveries[0][0] < horizon:
             horizon = deliveries[0][0]
         for i in prefill_units:

@@ -18,6 +18,9 @@ from engine.specs import ConfigError
 
 # A token count no request reaches (the cache threshold without prefix caching).
 _NEVER = 1 << 62
+# A new block table's room past its prompt, in blocks (4,096 tokens at vLLM's default block
+# size): enough for most outputs, small for a request that may run to max_model_len.
+_TABLE_AHEAD = 256
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -99,10 +102,12 @@ class KVCacheManager:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        # Request index -> its block table (append-only while it lives). The request holds
-        # the same list as ``kv_blocks`` and its cached-block count as ``kv_num_cached``
-        # (vLLM's req_to_blocks / num_cached_block), so the hot path needs no dict lookup.
-        self.req_blocks: dict[int, list[int]] = {}
+        # Request index -> the request holding a block table here (append-only while it
+        # lives). The table is on the request: its ids in an int32 array (``kv_table``, the
+        # first ``kv_num_blocks`` slots) and its cached-block count (``kv_num_cached``): vLLM's
+        # req_to_blocks / num_cached_block without a dict lookup or an int object per block
+        # id on the hot path. ``block_tables`` lists them.
+        self.req_blocks: dict[int, Request] = {}
         # vLLM PrefixCacheStats: recorded on every lookup (a request blocked across several
         # passes is counted on each, as vLLM does). prefix_queries / prefix_hits count every
         # lookup; the preempted pair, the part from previously preempted requests (vLLM keeps
@@ -162,13 +167,17 @@ class KVCacheManager:
         return self.tiers.take_recall_ns() if self.tiers is not None else 0
 
     # -- allocation ---------------------------------------------------------------------
+    def block_tables(self) -> dict[int, list[int]]:
+        """Every live block table by request index (copies of the ids, in table order)."""
+        return {i: req.block_ids() for i, req in self.req_blocks.items()}
+
     def _num_blocks_to_allocate(
         self, req: Request, need_slots: int, hit_blocks: list[int]
     ) -> int:
-        held = req.kv_blocks
-        if held is not None and not hit_blocks:
-            return max(_cdiv(need_slots, self.block_size) - len(held), 0)
-        n_held = len(held) if held is not None else 0
+        held = req.kv_num_blocks  # -1: no table
+        if held >= 0 and not hit_blocks:
+            return max(_cdiv(need_slots, self.block_size) - held, 0)
+        n_held = held if held > 0 else 0
         n = max(_cdiv(need_slots, self.block_size) - (len(hit_blocks) + n_held), 0)
         # Hit blocks sitting on the free list are taken off it by touch(): they use free
         # capacity too (vLLM get_num_blocks_to_allocate).
@@ -198,22 +207,22 @@ class KVCacheManager:
         ``num_tokens``, reaches its ``kv_cache_at`` (both set here); otherwise it would
         return True and change nothing, so the scheduler skips it."""
         if not hit_blocks and not num_new_computed_tokens:
-            blocks = req.kv_blocks
-            if blocks is not None:  # running request: no new hits possible
+            held = req.kv_num_blocks
+            if held >= 0:  # running request: no new hits possible
                 need_slots = req.num_computed_tokens + num_new_tokens
                 if need_slots > self.max_model_len:
                     need_slots = self.max_model_len
-                k = -(-need_slots // self.block_size) - len(blocks)
+                k = -(-need_slots // self.block_size) - held
                 if k > 0:
                     if k > self.pool.num_free:
                         return False
-                    self.pool.append_new_blocks(blocks, k)
+                    self._append_new(req, k)
                 if self.enable_caching:
                     upto = need_slots if need_slots < req.num_tokens else req.num_tokens
                     if upto // self.block_size > req.kv_num_cached:
                         self.cache_blocks(req, upto)  # sets the thresholds
                         return True
-                self._set_thresholds(req, blocks)
+                self._set_thresholds(req)
                 return True
         hb = hit_blocks or []
         total_computed = min(req.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
@@ -222,32 +231,56 @@ class KVCacheManager:
         pool = self.pool
         if n_alloc > pool.num_free:
             return False
-        blocks = req.kv_blocks
-        if blocks is None:
-            blocks = self.req_blocks[req.index] = req.kv_blocks = []
+        if req.kv_num_blocks < 0:
+            req.open_block_table(self._table_capacity(req))
+            self.req_blocks[req.index] = req
             req.kv_num_cached = 0
         if hb:
             pool.touch(hb)
-            blocks.extend(hb)
-            req.kv_num_cached = len(blocks)
+            n = req.kv_num_blocks
+            req.reserve_blocks(n + len(hb))
+            table = req._table_view
+            for i in range(len(hb)):
+                table[n + i] = hb[i]
+            n += len(hb)
+            req.kv_num_blocks = n
+            req.kv_num_cached = n
             if self.tiers is not None:
                 # vLLM offers every full chunk to the offloading store, hits included
                 # (resident ones are skipped / refreshed).
                 self.tiers.write_down(req.hashes(len(hb)), 0, len(hb))
-        k = _cdiv(need_slots, self.block_size) - len(blocks)
+        k = _cdiv(need_slots, self.block_size) - req.kv_num_blocks
         if k > 0:
-            pool.append_new_blocks(blocks, k)
+            self._append_new(req, k)
         if self.enable_caching:
             self.cache_blocks(req, min(total_computed + num_new_tokens, req.num_tokens))
-        self._set_thresholds(req, blocks)
+        self._set_thresholds(req)
         return True
 
-    def _set_thresholds(self, req: Request, blocks: list[int]) -> None:
+    def _table_capacity(self, req: Request) -> int:
+        """Room a new block table starts with: every block the request can fill (its whole
+        sequence, capped at ``max_model_len``; one more for a token in flight), at most
+        ``_TABLE_AHEAD`` blocks past its prompt (a table grows when it needs more)."""
+        most = req.finish_at + 1
+        if most > self.max_model_len:
+            most = self.max_model_len
+        ahead = req.prompt_len // self.block_size + _TABLE_AHEAD
+        blocks = -(-most // self.block_size)
+        return blocks if blocks < ahead else ahead
+
+    def _append_new(self, req: Request, k: int) -> None:
+        """``k`` new blocks from the pool onto the request's table."""
+        n = req.kv_num_blocks
+        req.reserve_blocks(n + k)
+        self.pool.append_new_to(req._table_view, n, k)
+        req.kv_num_blocks = n + k
+
+    def _set_thresholds(self, req: Request) -> None:
         """The request's ``kv_slots`` (slots its blocks hold), ``kv_cache_at`` (tokens that
         fill its first uncached block) and ``kv_check_at`` (the smaller of ``kv_slots + 1``
         and ``kv_cache_at``: below it :meth:`allocate_slots` changes nothing)."""
         bs = self.block_size
-        slots = len(blocks) * bs
+        slots = req.kv_num_blocks * bs
         req.kv_slots = slots
         if self.enable_caching:
             cache_at = (req.kv_num_cached + 1) * bs
@@ -264,24 +297,23 @@ class KVCacheManager:
         if done < 0 or num_full <= done:  # no block table, or nothing newly full
             return
         req.hashes(num_full)  # (computed once per request; checks that they reach num_full)
-        blocks = req.kv_blocks
-        # The typed view itself, not a view returned by hash_view: that costs two atomic
+        # The typed views themselves, not a view returned by hash_view: that costs two atomic
         # reference-count updates, here once per newly full block.
-        self.pool.cache_full_blocks(blocks, req._hash_view, done, num_full)
+        self.pool.cache_full_blocks(req._table_view, req._hash_view, done, num_full)
         req.kv_num_cached = num_full
-        self._set_thresholds(req, blocks)
+        self._set_thresholds(req)
         if self.tiers is not None:
             self.tiers.write_down(req.hashes(num_full), done, num_full)
 
     def free(self, req: Request) -> None:
         """Release a request's blocks tail-first so its last block is evicted first."""
-        blocks = self.req_blocks.pop(req.index, None)
-        req.kv_blocks = None
+        self.req_blocks.pop(req.index, None)
+        n = req.kv_num_blocks
+        if n > 0:
+            self.pool.free_table(req._table_view, n)
+        req.close_block_table()
         req.kv_num_cached = -1
         req.kv_check_at = req.kv_slots = req.kv_cache_at = 0  # no table: every call must look
-        if blocks:
-            blocks.reverse()
-            self.pool.free_blocks(blocks)
 
     def usage(self) -> float:
         return self.pool.usage()

@@ -2,6 +2,7 @@
 cimport cython
 
 cdef unsigned long long _M64, _MUL, _FMIX1, _FMIX2
+cdef object _ZERO_ID
 
 cdef inline unsigned long long _mix(unsigned long long h, long long token) noexcept
 
@@ -56,7 +57,9 @@ cdef class Request:
     cdef public long long kv_check_at
     cdef public long long kv_slots
     cdef public long long kv_cache_at
-    cdef public list kv_blocks
+    cdef public object kv_table
+    cdef int[::1] _table_view
+    cdef public Py_ssize_t kv_num_blocks
     cdef public long long kv_num_cached
     cdef public long long tok_next
     cdef public tuple tok_open
@@ -68,3 +71,8 @@ cdef class Request:
     cpdef object _sequence_hashes(self)
     @cython.locals(runs=list, o=tuple)
     cpdef list token_runs(self)
+    cpdef open_block_table(self, Py_ssize_t capacity)
+    @cython.locals(old=object)
+    cpdef reserve_blocks(self, Py_ssize_t n)
+    cpdef view_block_table(self)
+    cpdef close_block_table(self)

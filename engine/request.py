@@ -210,7 +210,9 @@ class Request:
         "kv_check_at",
         "kv_slots",
         "kv_cache_at",
-        "kv_blocks",
+        "kv_table",
+        "_table_view",
+        "kv_num_blocks",
         "kv_num_cached",
         "tok_next",
         "tok_open",
@@ -263,9 +265,12 @@ class Request:
         self.kv_check_at = 0
         self.kv_slots = 0
         self.kv_cache_at = 0
-        # The block table the KV manager holds for this request (the same list as its
-        # ``req_blocks`` entry; None without one) and how many of its blocks are cached.
-        self.kv_blocks: list[int] | None = None
+        # The block table the KV manager holds for this request: the block ids in the first
+        # ``kv_num_blocks`` slots of an int32 array (-1 and None without a table; compiled, a
+        # typed view over the same array, as for the hashes), and how many are cached.
+        self.kv_table: array | None = None
+        self._table_view = None
+        self.kv_num_blocks = -1
         self.kv_num_cached = -1
         # Token runs: the step number the next token continues the open run at, the open
         # run (log, first step index) and the closed runs (log, first, end) in order.
@@ -338,6 +343,40 @@ class Request:
         h = self.hashes(n)
         return h if len(h) == n else h[:n]
 
+    # -- block table (owned by the KV manager: engine.kv_cache) ---------------------------
+    def open_block_table(self, capacity: int) -> None:
+        """Start an empty block table with room for ``capacity`` block ids."""
+        table = _ZERO_ID * capacity
+        self.kv_table = table
+        self._table_view = table
+        self.kv_num_blocks = 0
+
+    def reserve_blocks(self, n: int) -> None:
+        """Room for ``n`` block ids in the table: a larger copy (twice the size at least) when
+        it is full, so the KV manager writes ids in place through ``_table_view``."""
+        if n <= len(self._table_view):
+            return
+        old = self.kv_table
+        table = _ZERO_ID * max(n, 2 * len(old))
+        table[: self.kv_num_blocks] = old[: self.kv_num_blocks]
+        self.kv_table = table
+        self._table_view = table
+
+    def view_block_table(self) -> None:
+        """Point the KV manager's view at ``kv_table`` (a request rebuilt from its fields)."""
+        self._table_view = self.kv_table
+
+    def close_block_table(self) -> None:
+        """Drop the block table (its blocks freed by the KV manager first)."""
+        self.kv_table = None
+        self._table_view = None
+        self.kv_num_blocks = -1
+
+    def block_ids(self) -> list[int]:
+        """The block table's ids in order (a copy; empty without a table)."""
+        n = self.kv_num_blocks
+        return self.kv_table[:n].tolist() if n > 0 else []
+
     def __reduce__(self) -> tuple:
         """Pickled by its fields without its block hashes, which are recomputed when next
         asked for (a hash depends on the ids alone; the compiled class's typed view over them
@@ -395,7 +434,11 @@ class Request:
 
 
 # What a pickled Request carries: every field but the block hashes and their view.
-_PICKLED = tuple(f for f in Request.__slots__ if f not in ("_block_hashes", "_hash_view"))
+# A block table's slots are int32 ids, laid out by repeating this one (a C copy).
+_ZERO_ID = array("i", [0])
+
+_PICKLED = tuple(f for f in Request.__slots__
+                 if f not in ("_block_hashes", "_hash_view", "_table_view"))
 
 
 def _unpickled_request(cls: type[Request], fields: dict) -> Request:
@@ -404,4 +447,5 @@ def _unpickled_request(cls: type[Request], fields: dict) -> Request:
     for k, v in fields.items():
         setattr(r, k, v)
     r.release()  # no hashes yet: computed when first asked for
+    r.view_block_table()
     return r

@@ -141,12 +141,11 @@ class OursSide:
         self._clock += 1
         before = {r.index for r in self.sched.running}
         step = self.sched.schedule(self._clock)
-        tables = self.kv.req_blocks
         scheduled, admitted, new_blocks = [], [], []
         for req, n in zip(step.reqs, step.num_tokens, strict=True):
             rid = req.request_id
             scheduled.append((rid, n, req.num_computed_tokens - n))
-            table = tables[req.index]
+            table = req.block_ids()
             if req.index in before:
                 prev = self._table_len.get(req.index, 0)
             else:
@@ -215,7 +214,7 @@ class OursSide:
         s = self.sched
         run = [
             f"{r.request_id}(tok={r.num_tokens},comp={r.num_computed_tokens},"
-            f"ph={r.num_output_placeholders},blk={len(self.kv.req_blocks.get(r.index, ()))})"
+            f"ph={r.num_output_placeholders},blk={max(r.kv_num_blocks, 0)})"
             for r in s.running[:limit]
         ]
         wait = [

@@ -67,10 +67,10 @@ class Harness:
         return {r.request_id: n for r, n in zip(out.reqs, out.num_tokens, strict=True)}
 
     def table(self, name: str) -> list[int]:
-        return list(self.kv.req_blocks.get(self.requests[name].index, []))
+        return self.requests[name].block_ids()
 
     def check(self) -> None:
-        self.kv.pool.check_invariants(list(self.kv.req_blocks.values()))
+        self.kv.pool.check_invariants(list(self.kv.block_tables().values()))
 
 
 def toks(start: int, n: int) -> list[int]:

@@ -43,7 +43,7 @@ def test_prefix_index_is_a_dict_of_first_blocks(ops) -> None:
                         if not blocks:
                             del model[key]
             hashes = [h + i for i in range(k)]  # a request's chain: distinct within it
-            pool.cache_full_blocks(got, array("Q", hashes), 0, k)
+            pool.cache_full_blocks(array("i", got), array("Q", hashes), 0, k)
             for b, hh in zip(got, hashes, strict=True):
                 model.setdefault(hh, []).append(b)
             held.append(got)
@@ -68,7 +68,7 @@ def test_deleting_from_a_run_that_wraps_keeps_every_hash_found(order) -> None:
     hashes = [31, 63, 32]
     blocks = pool.get_new_blocks(3)
     held = pool.get_new_blocks(pool.num_free)  # so the three are the only free blocks
-    pool.cache_full_blocks(blocks, array("Q", hashes), 0, 3)
+    pool.cache_full_blocks(array("i", blocks), array("Q", hashes), 0, 3)
     pool.free_blocks([blocks[i] for i in order])  # evicted in this order
     left = dict(zip(hashes, blocks, strict=True))
     taken: list[int] = []

@@ -123,7 +123,7 @@ def test_shared_tier_invariants(sc) -> None:
             inflight[inst].append(step)
             if len(inflight[inst]) >= depth:
                 sched.update_from_output(inflight[inst].pop(0), step_no)
-            kvs[inst].pool.check_invariants(list(kvs[inst].req_blocks.values()))
+            kvs[inst].pool.check_invariants(list(kvs[inst].block_tables().values()))
             assert kvs[inst].tiers is not None and not kvs[inst].tiers._step_dirty
         for p in (shared, *privates):
             p.check_invariants()

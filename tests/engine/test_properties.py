@@ -92,7 +92,7 @@ def test_scheduler_invariants(sc) -> None:
         for r in h.sched.waiting:
             assert r.index not in h.kv.req_blocks or r.num_computed_tokens > 0
         for r in h.sched.running:
-            held = len(h.kv.req_blocks.get(r.index, []))
+            held = len(h.kv.block_tables().get(r.index, []))
             assert held * 16 >= r.num_computed_tokens
     while h.inflight:
         for r in h.sched.update_from_output(h.inflight.pop(0), 10_000):
@@ -118,7 +118,7 @@ def test_block_pool_ledger(ops) -> None:
             blocks = pool.get_new_blocks(k)
             hashes = list(range(next_hash, next_hash + k))
             next_hash += k
-            pool.cache_full_blocks(blocks, array("Q", hashes), 0, k)
+            pool.cache_full_blocks(array("i", blocks), array("Q", hashes), 0, k)
             owned.append(blocks)
         elif op == "free" and owned:
             blocks = owned.pop(k % len(owned))

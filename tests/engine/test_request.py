@@ -96,8 +96,8 @@ def test_token_times_survive_preemption_as_runs() -> None:
 class _AlwaysCall(KVCacheManager):
     """A KV manager that never lets the scheduler skip allocate_slots."""
 
-    def _set_thresholds(self, req, blocks) -> None:  # type: ignore[no-untyped-def]
-        super()._set_thresholds(req, blocks)
+    def _set_thresholds(self, req) -> None:  # type: ignore[no-untyped-def]
+        super()._set_thresholds(req)
         req.kv_check_at = 0
         req.kv_slots = -1
 
@@ -169,9 +169,13 @@ def test_a_request_pickles_with_its_state_and_recomputes_its_hashes() -> None:
     r.num_tokens = 55
     r.num_computed_tokens = 48
     want = list(r.hashes(4))
+    r.open_block_table(2)
+    r.kv_table[0], r.kv_table[1], r.kv_num_blocks = 7, 9, 2
     back = pickle.loads(pickle.dumps(r))
     assert type(back) is Request
     for name in Request.__slots__:
-        if name not in ("_block_hashes", "_hash_view"):
+        if name not in ("_block_hashes", "_hash_view", "_table_view"):
             assert getattr(back, name) == getattr(r, name), name
     assert list(back.hashes(4)) == want and list(back.hash_view(4)) == want
+    back.reserve_blocks(5)  # a grown table keeps its ids
+    assert back.block_ids() == [7, 9] and len(back.kv_table) >= 5

@@ -130,7 +130,7 @@ class Watch:
                 watch.polls += 1
                 for m in self.members:
                     kv = m.scheduler.kv
-                    kv.pool.check_invariants(list(kv.req_blocks.values()))
+                    kv.pool.check_invariants(list(kv.block_tables().values()))
                     assert len(m.scheduler.running) <= m.scheduler.max_num_seqs
                 for tier in watch.tiers:
                     tier.check_invariants()

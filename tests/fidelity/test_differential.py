@@ -8,6 +8,7 @@ vLLM: two sides that differ in one decision must be reported as diverging at tha
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import replace
 
 import pytest
@@ -173,9 +174,9 @@ def _free_head_first(self, req):
     """Bug: free a request's blocks head-first (vLLM frees tail-first)."""
     from engine.kv_cache import KVCacheManager
 
-    blocks = self.req_blocks.get(req.index)
-    if blocks:
-        blocks.reverse()  # free() reverses the table to free it tail-first: now head-first
+    n = req.kv_num_blocks
+    if n > 0:  # free() frees the table tail-first: reversed in place, now head-first
+        req.kv_table[:n] = array("i", reversed(req.kv_table[:n]))
     KVCacheManager.free(self, req)
 
 

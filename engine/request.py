@@ -379,8 +379,8 @@ class Request:
 
     def __reduce__(self) -> tuple:
         """Pickled by its fields without its block hashes, which are recomputed when next
-        asked for (a hash depends on the ids alone; the compiled class's typed view over them
-        cannot be pickled)."""
+        asked for (a hash depends on the ids alone), and without the compiled class's typed
+        views (they cannot be pickled; the block table's is made again over the table)."""
         return (_unpickled_request, (type(self), {k: getattr(self, k) for k in _PICKLED}))
 
     def release(self) -> None:
@@ -433,10 +433,11 @@ class Request:
         )
 
 
-# What a pickled Request carries: every field but the block hashes and their view.
 # A block table's slots are int32 ids, laid out by repeating this one (a C copy).
 _ZERO_ID = array("i", [0])
 
+# What a pickled Request carries: every field but the block hashes and the typed views (of the
+# hashes and of the block table; the table itself is carried).
 _PICKLED = tuple(f for f in Request.__slots__
                  if f not in ("_block_hashes", "_hash_view", "_table_view"))
 

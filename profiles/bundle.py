@@ -265,8 +265,8 @@ def _read_numeric_csv(path: Path, columns: dict[str, str], fix: str) -> dict[str
 
     A well-formed file is parsed in one pass by numpy's C reader (``np.loadtxt``) and checked
     column by column (``_columns_in_bounds``); anything that pass does not take as it is (a
-    cell that is not a plain number, a row not as wide as the header, a value out of bounds, no
-    rows) is
+    cell that is not a plain number, a quoted cell, a row not as wide as the header, a value out
+    of bounds, no rows) is
     read again row by row (``_read_numeric_csv_rows``), which keeps the rows a file may skip
     and names the first bad cell's line. Both give the same values (numpy parses a float as
     Python's ``float`` does, correctly rounded); the row reader is the definition, the one-pass
@@ -283,7 +283,10 @@ def _read_numeric_csv(path: Path, columns: dict[str, str], fix: str) -> dict[str
 def _read_numeric_csv_columnar(path: Path, columns: dict[str, str]) -> dict[str, list] | None:
     """The requested columns of a well-formed ``path`` read in one pass, or None when the
     row reader must look (see ``_read_numeric_csv``)."""
-    lines = path.read_text().splitlines()
+    text = path.read_text()
+    if '"' in text or "\x00" in text:
+        return None  # quoted cells (the csv module's quoting) and NULs: the row reader reads them
+    lines = text.splitlines()
     if not lines:
         return None
     header = next(csv.reader(lines[:1]), None)

@@ -4,7 +4,7 @@ MLflow's ``log_batch`` on a SQL store (``SqlAlchemyStore``) makes one ORM object
 and flushes them through SQLAlchemy's unit of work, about 150 µs a metric on the 2-core
 machine: a sweep point's ~1,100 metrics (five time series of up to
 ``tracking.timeseries_steps`` steps, ~75 scalars) cost 0.16 CPU-s, more than simulating the
-point (docs/validation.md, "The sweep's own cost"). ``insert_metrics`` writes the same rows
+point (docs/sweep.md, "One batched MLflow write per point"). ``insert_metrics`` writes the same rows
 into MLflow's own tables (the ``SqlMetric`` and ``SqlLatestMetric`` models) with one
 ``executemany`` each, inside MLflow's own session maker and with MLflow's own checks: the run
 exists and is active (``_get_run``, ``_check_run_is_active``), each key's name and each value
@@ -12,9 +12,11 @@ are valid (``_validate_metric``, once per key; the values are checked to be numb
 value is stored as MLflow stores it (``sanitize_metric_value``: NaN as 0 with ``is_nan``,
 ±inf clipped), exact duplicates are dropped as ``log_batch`` drops them, and a key's latest
 value is the greatest by MLflow's order (step, then timestamp, then value), replacing a stored
-one only when greater (``_update_latest_metrics_if_necessary``). Nothing else is written: a
-run read back through ``MlflowClient`` is the same as after ``log_batch`` (checked in
-tests/sweep/test_metric_rows.py).
+one only when greater (``_update_latest_metrics_if_necessary``). A run read back through
+``MlflowClient`` is the same as after ``log_batch`` (checked in tests/sweep/test_metric_rows.py).
+``log_batch`` also links each metric to an MLflow active model when one is set
+(``logged_model_metrics``); the rows do not, so the tracker does not use them then
+(``sweep.tracking.Tracker._rows_store``).
 
 A store that is not a SQL store has no rows to write (``sql_store`` returns None), and rows the
 store already holds (a retried write whose first attempt did commit) make the transaction roll

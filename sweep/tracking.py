@@ -251,7 +251,8 @@ class Tracker:
                   steps: list[int] | None = None, prefix: str = "ts/") -> None:
         """One point's params, tags, metrics and stepped series (``log_series``): params and
         tags in as few ``log_batch`` calls as MLflow's batch limits allow (one for a typical
-        point), then every metric row in one write (``_log_metric_list``). Each write is one
+        point), then every metric row in one write (``_log_metric_list``; into a store that
+        takes no rows, the metrics fill the params' and tags' batches). Each write is one
         store transaction, retried on its own, so a retry never logs a value twice. ±inf
         metrics go in as NaN with a ``nonfinite_metrics`` tag, as in ``log_metrics``."""
         now = int(time.time() * 1000)
@@ -268,23 +269,36 @@ class Tracker:
                 for name, column in series.items()
                 for step, v in zip(steps, column, strict=True)
             ]
-        while param_items or tag_items:
+        rows = self._rows_store() is not None
+        while param_items or tag_items or (metric_items and not rows):
             batch_params, param_items = param_items[:MAX_PARAMS], param_items[MAX_PARAMS:]
             batch_tags, tag_items = tag_items[:MAX_TAGS], tag_items[MAX_TAGS:]
-            self._batch(run_id, params=batch_params, tags=batch_tags)
+            room = 0 if rows else min(MAX_METRICS,
+                                      MAX_ENTITIES - len(batch_params) - len(batch_tags))
+            batch_metrics, metric_items = metric_items[:room], metric_items[room:]
+            self._batch(run_id, params=batch_params, tags=batch_tags, metrics=batch_metrics)
         self._log_metric_list(run_id, metric_items)
+
+    def _rows_store(self) -> Any:
+        """The SQL store metric values go into as rows (``sweep.metric_rows``), or None: a
+        store that is not SQL, or an MLflow active model, whose metrics ``log_batch`` also
+        links to the model (the rows would not)."""
+        if self._sql_store is None:
+            return None
+        from mlflow.tracking.fluent import get_active_model_id
+
+        return None if get_active_model_id() else self._sql_store
 
     def _log_metric_list(self, run_id: str, items: list[Metric]) -> None:
         """``items`` into run ``run_id``: into a SQL store as rows in one transaction
-        (``sweep.metric_rows``; MLflow's ``log_batch`` costs ~150 µs a metric there), else,
-        and for rows a committed earlier attempt left in the store, through ``log_batch``
-        (which skips those) in batches of MLflow's limit."""
+        (``_rows_store``; MLflow's ``log_batch`` costs ~150 µs a metric there), else, and for
+        rows a committed earlier attempt left in the store, through ``log_batch`` (which skips
+        those) in batches of MLflow's limit."""
         if not items:
             return
-        if self._sql_store is not None:
+        store = self._rows_store()
+        if store is not None:
             from sweep.metric_rows import AlreadyLogged, insert_metrics
-
-            store = self._sql_store
 
             def insert() -> bool:
                 try:

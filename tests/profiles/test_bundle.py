@@ -525,10 +525,23 @@ def test_one_pass_and_row_readers_agree_on_the_measured_bundles(shared_data: Pat
 
 @pytest.mark.parametrize("body", ["qkv_proj,4,3\n\nqkv_proj,8,5\n",  # a blank line
                                   "qkv_proj, 4 ,3\nqkv_proj,8,5\n",  # spaces round a key
-                                  "qkv_proj,4,3\n , , \nqkv_proj,8,5\n"])  # a row of blanks
+                                  "qkv_proj,4,3\n , , \nqkv_proj,8,5\n",  # a row of blanks
+                                  '"qkv_proj",4,3\nqkv_proj,8,5\n',  # a quoted name
+                                  'qkv_proj,"4",3\nqkv_proj,8,"5"\n'])  # quoted numbers
 def test_what_the_one_pass_reader_does_not_take_the_row_reader_reads(tmp_path: Path,
                                                                       body: str) -> None:
     path = tmp_path / "dense.csv"
     path.write_text("layer,tokens,time_us\n" + body)
     assert bundle_mod._read_numeric_csv(path, TABLE_COLUMNS["dense.csv"], "fix") == {
         "layer": ["qkv_proj", "qkv_proj"], "tokens": [4, 8], "time_us": [3.0, 5.0]}
+
+
+def test_a_quoted_cell_holding_the_delimiter_is_one_cell_as_the_row_reader_reads_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "dense.csv"
+    path.write_text('layer,tokens,time_us,note\nqkv_proj,4,3,"a,b"\n')  # four cells
+    assert bundle_mod._read_numeric_csv(path, TABLE_COLUMNS["dense.csv"], "fix") == {
+        "layer": ["qkv_proj"], "tokens": [4], "time_us": [3.0]}
+    path.write_text('layer,tokens,time_us,note\nqkv_proj,4,"a,b"\n')  # three cells for four
+    with pytest.raises(BundleError, match=r"dense\.csv:2: 3 fields, header has 4"):
+        bundle_mod._read_numeric_csv(path, TABLE_COLUMNS["dense.csv"], "fix")

@@ -156,3 +156,29 @@ def test_any_batches_read_back_as_after_log_batch(client, experiment, batches):
             seen |= ids
             kept.append(batch)
     two_ways(client, experiment, kept)
+
+
+def test_with_an_active_model_the_tracker_logs_through_log_batch(store, monkeypatch):
+    """``log_batch`` links metrics to MLflow's active model; the rows would not, so then the
+    tracker does not write rows (and the metrics share the params' batch)."""
+    import mlflow.tracking.fluent as fluent
+
+    tracker = Tracker(store, "rows")
+    assert tracker._rows_store() is not None
+    model = tracker.client.create_logged_model(tracker.experiment_id, name="m")
+    monkeypatch.setattr(fluent, "get_active_model_id", lambda: model.model_id)
+    assert tracker._rows_store() is None
+    calls = []
+    monkeypatch.setattr("sweep.metric_rows.insert_metrics",
+                        lambda *a: calls.append(a))  # must not be used
+    run = tracker.create_run("p", {})
+    batches = []
+    real = tracker.client.log_batch
+    monkeypatch.setattr(tracker.client, "log_batch",
+                        lambda run_id, **kw: batches.append(kw) or real(run_id, **kw))
+    tracker.log_point(run, {"a": 1}, {"ttft": 3.0}, {"t": "v"}, {"running": [1.0, 2.0]}, [0, 1])
+    assert not calls and len(batches) == 1 and len(batches[0]["metrics"]) == 3
+    assert tracker.client.get_run(run).data.metrics["ts/running"] == 2.0
+    linked = tracker.client.get_logged_model(model.model_id).metrics
+    assert sorted((m.key, m.step) for m in linked) == [("ts/running", 0), ("ts/running", 1),
+                                                        ("ttft", 0)]

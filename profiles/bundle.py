@@ -266,9 +266,8 @@ def _read_numeric_csv(path: Path, columns: dict[str, str], fix: str) -> dict[str
     A well-formed file is parsed in one pass by numpy's C reader (``np.loadtxt``) and checked
     column by column (``_columns_in_bounds``); anything that pass does not take as it is (a
     cell that is not a plain number, a quoted cell, a row not as wide as the header, a value out
-    of bounds, no rows) is
-    read again row by row (``_read_numeric_csv_rows``), which keeps the rows a file may skip
-    and names the first bad cell's line. Both give the same values (numpy parses a float as
+    of bounds, no rows) is read again row by row (``_read_numeric_csv_rows``), which keeps the
+    rows a file may skip and names the first bad cell's line. Both give the same values (numpy parses a float as
     Python's ``float`` does, correctly rounded); the row reader is the definition, the one-pass
     reader only skips its per-cell Python work (19,364 attention rows: 0.089 against 0.020 s).
     """

@@ -31,37 +31,41 @@ cdef class TokenLog:
     cdef public long long base
 
 cdef class Request:
+    # Field order is the object's memory layout: the fields the scheduler's per-step loops
+    # read and write come first, so that one request's step work touches about three cache
+    # lines (behind 64 replicas the running requests outgrow the L2 cache); the typed views'
+    # slices (about 200 bytes each) and the fields read once per request come after them.
+    cdef public int status
+    cdef public long long num_tokens
+    cdef public long long num_computed_tokens
+    cdef public long long num_output_placeholders
+    cdef public long long finish_at
+    cdef public long long kv_check_at
+    cdef public long long kv_slots
+    cdef public long long kv_cache_at
+    cdef public long long tok_next
+    cdef public Py_ssize_t kv_num_blocks
+    cdef public long long kv_num_cached
+    cdef public long long _max_tokens
+    cdef public object kv_table
+    cdef int[::1] _table_view
     cdef public object request_id
     cdef public Py_ssize_t index
     cdef public long long arrival_ns
     cdef public long long prompt_len
-    cdef public long long _max_tokens
-    cdef public long long finish_at
     cdef public object prompt_ids
     cdef public object output_ids
     cdef public Py_ssize_t block_size
     cdef public object _block_hashes
     cdef unsigned long long[::1] _hash_view
-    cdef public long long num_tokens
-    cdef public long long num_computed_tokens
-    cdef public long long num_output_placeholders
     cdef public long long num_cached_tokens
     cdef public long long num_preemptions
-    cdef public int status
     cdef public long long queued_ns
     cdef public long long first_scheduled_ns
     cdef public long long first_token_ns
     cdef public long long finish_ns
     cdef public long long prefix_hit_tokens
     cdef public long long recomputed_tokens
-    cdef public long long kv_check_at
-    cdef public long long kv_slots
-    cdef public long long kv_cache_at
-    cdef public object kv_table
-    cdef int[::1] _table_view
-    cdef public Py_ssize_t kv_num_blocks
-    cdef public long long kv_num_cached
-    cdef public long long tok_next
     cdef public tuple tok_open
     cdef public list tok_runs
     @cython.locals(h=object)

@@ -1,7 +1,7 @@
 # C types for engine/block_pool.py (compiled by setup.py; the .py is the implementation).
 cimport cython
 
-cdef unsigned long long _EMPTY
+cdef unsigned long long _EMPTY, _LOW32
 
 cdef class BlockPool:
     cdef public Py_ssize_t num_blocks
@@ -26,11 +26,11 @@ cdef class BlockPool:
     cdef inline void _unlink(self, Py_ssize_t b)
     @cython.locals(sentinel=int, tail=int)
     cdef inline void _append(self, Py_ssize_t b)
-    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v="unsigned long long")
+    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v="unsigned long long", lo="unsigned long long")
     cdef Py_ssize_t _find(self, unsigned long long h)
     @cython.locals(i=Py_ssize_t)
     cpdef Py_ssize_t lookup(self, unsigned long long h)
-    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v="unsigned long long")
+    @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v="unsigned long long", lo="unsigned long long")
     cdef Py_ssize_t _index(self, unsigned long long h, Py_ssize_t b)
     @cython.locals(mask=Py_ssize_t, j=Py_ssize_t, v="unsigned long long", home=Py_ssize_t)
     cdef void _unindex(self, Py_ssize_t i)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from array import array
 
 _EMPTY = 0  # a prefix-index slot's value when it holds no entry (block 0 is never cached)
+_LOW32 = 0xFFFFFFFF  # a slot's block id; its upper half, the hash's lower 32 bits
 
 
 class BlockPoolError(RuntimeError):
@@ -78,15 +79,21 @@ class BlockPool:
         # The prefix-cache index, hash -> the first block inserted under it (returned on
         # lookup): an open-addressing table with linear probing over a power-of-two number of
         # slots, at least 1.5 times the blocks (each cached block indexes at most one hash),
-        # so the load stays under two thirds. Slot i is ``_itab[2i]`` (the hash) and
-        # ``_itab[2i + 1]`` (the block, _EMPTY: none), side by side so a probe reads one
-        # cache line; a deleted entry is filled by shifting its probe run back (no
-        # tombstones, no rehash: probes stay as short as the load allows). Further blocks
+        # so the load stays under two thirds. Slot i is one 64-bit word, ``_itab[i]``: the
+        # hash's lower 32 bits (which give its home slot) above the block id (_EMPTY: none);
+        # a probe whose lower bits match compares the block's full hash (``_bhash``). Eight
+        # bytes a slot: behind 64 replicas the tables outgrow the L3 cache, and a probe's
+        # cache misses were the pool's largest (callgrind's cache model: half of the L3 read
+        # misses of 64 replicas x 500 requests with 16-byte slots). A deleted entry is filled
+        # by shifting its probe run back (no tombstones, no rehash: probes stay as short as
+        # the load allows). Further blocks
         # carrying the same hash (cache_full_blocks does not de-duplicate) in ``_dupes``, in
         # insertion order. Which slot holds which hash is the table's own affair: nothing
         # reads the slots in order but ``cache_groups``, whose callers sort.
         cap = 1 << (3 * num_blocks // 2).bit_length()
-        self._itab = array("Q", [0]) * (2 * cap)
+        if num_blocks > _LOW32:
+            raise ValueError(f"num_blocks must fit in 32 bits, got {num_blocks}")
+        self._itab = array("Q", [0]) * cap
         self._imask = cap - 1
         self._ilive = 0  # slots holding a block
         self._dupes: dict[int, list[int]] = {}
@@ -135,12 +142,13 @@ class BlockPool:
     def _find(self, h: int) -> int:
         """The slot holding hash ``h``, or -1."""
         mask = self._imask
+        lo = h & _LOW32
         i = h & mask
         while True:
-            v = self._itab[2 * i + 1]
+            v = self._itab[i]
             if v == _EMPTY:
                 return -1
-            if self._itab[2 * i] == h:
+            if v >> 32 == lo and self._bhash[v & _LOW32] == h:
                 return i
             i = (i + 1) & mask
 
@@ -149,22 +157,22 @@ class BlockPool:
         i = self._find(h)
         if i < 0:
             return -1
-        return self._itab[2 * i + 1]
+        return self._itab[i] & _LOW32
 
     def _index(self, h: int, b: int) -> int:
         """Index block ``b`` under ``h`` unless ``h`` is indexed already; the block now
         indexed under ``h`` (``b``, or the earlier one)."""
         mask = self._imask
+        lo = h & _LOW32
         i = h & mask
         while True:
-            v = self._itab[2 * i + 1]
+            v = self._itab[i]
             if v == _EMPTY:
                 break
-            if self._itab[2 * i] == h:
-                return v
+            if v >> 32 == lo and self._bhash[v & _LOW32] == h:
+                return v & _LOW32
             i = (i + 1) & mask
-        self._itab[2 * i] = h
-        self._itab[2 * i + 1] = b
+        self._itab[i] = lo << 32 | b
         self._slot[b] = i
         self._ilive += 1
         return b
@@ -177,17 +185,16 @@ class BlockPool:
         j = i
         while True:
             j = (j + 1) & mask
-            v = self._itab[2 * j + 1]
+            v = self._itab[j]
             if v == _EMPTY:
                 break
-            home = self._itab[2 * j] & mask
+            home = (v >> 32) & mask
             if (i < home <= j) if i <= j else (home > i or home <= j):
                 continue
-            self._itab[2 * i] = self._itab[2 * j]
-            self._itab[2 * i + 1] = v
-            self._slot[v] = i
+            self._itab[i] = v
+            self._slot[v & _LOW32] = i
             i = j
-        self._itab[2 * i + 1] = _EMPTY
+        self._itab[i] = _EMPTY
         self._ilive -= 1
 
     def blocks_with_hash(self, h: int) -> list[int]:
@@ -200,8 +207,8 @@ class BlockPool:
     def cache_groups(self) -> list[list[int]]:
         """The prefix-cache index: per hash, its blocks (the one lookups return first)."""
         tab = self._itab
-        return [self.blocks_with_hash(tab[2 * i]) for i in range(self._imask + 1)
-                if tab[2 * i + 1] != _EMPTY]
+        return [self.blocks_with_hash(self._bhash[tab[i] & _LOW32])
+                for i in range(self._imask + 1) if tab[i] != _EMPTY]
 
     def num_cached_blocks(self) -> int:
         """Blocks that carry a hash (hit-able until evicted)."""
@@ -218,7 +225,7 @@ class BlockPool:
         else:
             if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
                 nxt = more.pop(0)
-                self._itab[2 * i + 1] = nxt
+                self._itab[i] = (h & _LOW32) << 32 | nxt
                 self._slot[nxt] = i
             else:
                 more.remove(b)

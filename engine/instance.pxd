@@ -4,7 +4,7 @@ from engine.scheduler cimport Scheduler
 cdef long long _MAX_CHUNK
 cdef long long _NO_ROUND
 cdef long long _DEFER_STEPS
-cdef Py_ssize_t _PENDING_STEPS
+cdef Py_ssize_t _PENDING_STEPS, _PENDING_MAX
 cdef object _ZEROS, _ZERO_FLOATS
 
 cdef class StepLog:
@@ -19,11 +19,14 @@ cdef class StepLog:
     cdef object _pend_d
     cdef double[::1] _dv
     cdef Py_ssize_t _n
-    @cython.locals(n=Py_ssize_t, qv="long long[::1]")
+    cdef Py_ssize_t _cap
+    cdef void _new_pending(self, Py_ssize_t cap)
+    @cython.locals(n=Py_ssize_t, p=Py_ssize_t, qv="long long[::1]")
     cpdef add(self, long long end_ns, long long running, long long waiting, double usage,
               long long prompt_tokens, long long gen_tokens)
     @cython.locals(n=Py_ssize_t, p=Py_ssize_t)
     cpdef flush(self)
+    @cython.locals(k=Py_ssize_t, n=Py_ssize_t, p=Py_ssize_t)
     cpdef extend(self, end_ns, running, waiting, usage, prompt_tokens, gen_tokens)
 
 cdef class SpanPlan:

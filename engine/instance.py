@@ -71,8 +71,13 @@ _MAX_CHUNK = 1 << 20  # decode-span steps priced at once, at most (C ints: no do
 # (callgrind, 64 replicas x 100 requests of benchmarks/engine_scale.py's load): 12 and 48
 # steps cost 9.5 % and 5.6 % more instructions than 24. (Results never depend on it.)
 _DEFER_STEPS = 24
-# Steps a StepLog holds before moving them to its arrays.
+# Steps a StepLog holds before moving them to its arrays, at first; the pending arrays double
+# (up to _PENDING_MAX) while the columns hold at least twice as many, so a column grows by
+# moves of at least half its length: a logarithmic number of reallocations, each of which may
+# copy the column (behind 64 replicas, where each column stays below the allocator's mmap
+# threshold, growth by the array's own 1/16 over-allocation copied every column ~25 times).
 _PENDING_STEPS = 256
+_PENDING_MAX = 1 << 16
 _ZEROS = array("q", [0])  # a one-element prototype (``_ZEROS * n``); never written to
 _ZERO_FLOATS = array("d", [0.0])
 
@@ -87,7 +92,7 @@ class StepLog:
     column is read; the columns (``COLUMNS``) always hold every step logged."""
 
     __slots__ = ("_end_ns", "_running", "_waiting", "_usage", "_prompt_tokens", "_gen_tokens",
-                 "_pend_q", "_qv", "_pend_d", "_dv", "_n")
+                 "_pend_q", "_qv", "_pend_d", "_dv", "_n", "_cap")
 
     COLUMNS = ("end_ns", "running", "waiting", "usage", "prompt_tokens", "gen_tokens")
 
@@ -98,27 +103,33 @@ class StepLog:
         self._usage = array("d")
         self._prompt_tokens = array("q")
         self._gen_tokens = array("q")
-        # Steps logged since the last flush, 0 .. _n - 1: the int columns one after another
-        # (_PENDING_STEPS values each, COLUMNS' order less usage), usage apart. Never resized.
-        self._pend_q = _ZEROS * (5 * _PENDING_STEPS)
-        self._qv = self._pend_q  # (compiled: typed views of the same arrays)
-        self._pend_d = _ZERO_FLOATS * _PENDING_STEPS
-        self._dv = self._pend_d
         self._n = 0
+        self._cap = 0
+        self._new_pending(_PENDING_STEPS)
+
+    def _new_pending(self, cap: int) -> None:
+        """Fresh pending arrays for ``cap`` steps (none pending): the int columns one after
+        another (``cap`` values each, COLUMNS' order less usage), usage apart. Never resized."""
+        self._cap = cap
+        self._pend_q = _ZEROS * (5 * cap)
+        self._qv = self._pend_q  # (compiled: typed views of the same arrays)
+        self._pend_d = _ZERO_FLOATS * cap
+        self._dv = self._pend_d
 
     def add(self, end_ns: int, running: int, waiting: int, usage: float, prompt_tokens: int,
             gen_tokens: int) -> None:
         """Log one step."""
         n = self._n
+        p = self._cap
         qv = self._qv
         qv[n] = end_ns
-        qv[_PENDING_STEPS + n] = running
-        qv[2 * _PENDING_STEPS + n] = waiting
-        qv[3 * _PENDING_STEPS + n] = prompt_tokens
-        qv[4 * _PENDING_STEPS + n] = gen_tokens
+        qv[p + n] = running
+        qv[2 * p + n] = waiting
+        qv[3 * p + n] = prompt_tokens
+        qv[4 * p + n] = gen_tokens
         self._dv[n] = usage
         self._n = n + 1
-        if n + 1 == _PENDING_STEPS:
+        if n + 1 == p:
             self.flush()
 
     def flush(self) -> None:
@@ -127,7 +138,7 @@ class StepLog:
         if n == 0:
             return
         q = self._pend_q
-        p = _PENDING_STEPS
+        p = self._cap
         self._end_ns.extend(q[:n])
         self._running.extend(q[p : p + n])
         self._waiting.extend(q[2 * p : 2 * p + n])
@@ -135,18 +146,39 @@ class StepLog:
         self._gen_tokens.extend(q[4 * p : 4 * p + n])
         self._usage.extend(self._pend_d[:n])
         self._n = 0
+        if p < _PENDING_MAX and len(self._end_ns) >= 2 * p:
+            self._new_pending(2 * p)
 
     def extend(self, end_ns: array, running: array, waiting: array, usage: array,
                prompt_tokens: array, gen_tokens: array) -> None:
         """Log a run of steps at once, after the steps logged before (one array per column,
-        int64 but ``usage`` float64, all of one length)."""
-        self.flush()
-        self._end_ns.extend(end_ns)
-        self._running.extend(running)
-        self._waiting.extend(waiting)
-        self._usage.extend(usage)
-        self._prompt_tokens.extend(prompt_tokens)
-        self._gen_tokens.extend(gen_tokens)
+        int64 but ``usage`` float64, all of one length): copied into the pending arrays
+        when they have room, else moved to the columns with them."""
+        k = len(end_ns)
+        if k == 0:  # (an empty slice assignment resizes: refused while the views export)
+            return
+        if self._n + k > self._cap:
+            self.flush()
+        n = self._n
+        p = self._cap
+        if n + k > p:  # longer than the pending arrays: straight to the columns
+            self._end_ns.extend(end_ns)
+            self._running.extend(running)
+            self._waiting.extend(waiting)
+            self._usage.extend(usage)
+            self._prompt_tokens.extend(prompt_tokens)
+            self._gen_tokens.extend(gen_tokens)
+            return
+        q = self._pend_q
+        q[n : n + k] = end_ns
+        q[p + n : p + n + k] = running
+        q[2 * p + n : 2 * p + n + k] = waiting
+        q[3 * p + n : 3 * p + n + k] = prompt_tokens
+        q[4 * p + n : 4 * p + n + k] = gen_tokens
+        self._pend_d[n : n + k] = usage
+        self._n = n + k
+        if n + k == p:
+            self.flush()
 
     def __reduce__(self) -> tuple:
         """Pickled as its columns (a compiled log's typed views cannot be pickled)."""

@@ -76,23 +76,22 @@ class BlockPool:
         self._prev[1] = sentinel
         self._prev[sentinel] = num_blocks - 1
         self.num_free = num_blocks - 1
-        # The prefix-cache index, hash -> the first block inserted under it (returned on
-        # lookup): an open-addressing table with linear probing over a power-of-two number of
-        # slots, at least 1.5 times the blocks (each cached block indexes at most one hash),
-        # so the load stays under two thirds. Slot i is one 64-bit word, ``_itab[i]``: the
-        # hash's lower 32 bits (which give its home slot) above the block id (_EMPTY: none);
-        # a probe whose lower bits match compares the block's full hash (``_bhash``). Eight
-        # bytes a slot: behind 64 replicas the tables outgrow the L3 cache, and a probe's
-        # cache misses were the pool's largest (callgrind's cache model: half of the L3 read
-        # misses of 64 replicas x 500 requests with 16-byte slots). A deleted entry is filled
-        # by shifting its probe run back (no tombstones, no rehash: probes stay as short as
-        # the load allows). Further blocks
-        # carrying the same hash (cache_full_blocks does not de-duplicate) in ``_dupes``, in
-        # insertion order. Which slot holds which hash is the table's own affair: nothing
-        # reads the slots in order but ``cache_groups``, whose callers sort.
+        # The prefix-cache index, hash -> the first block inserted under it (returned on lookup): an
+        # open-addressing table with linear probing over a power-of-two number of slots, at least
+        # 1.5 times the blocks (each cached block indexes at most one hash), so the load stays under
+        # two thirds (at most 2**31 slots). Slot i is one 64-bit word, ``_itab[i]``: the hash's
+        # lower 32 bits (which give its home slot) above the block id (_EMPTY: none); a probe whose
+        # lower bits match compares the block's full hash (``_bhash``). Eight bytes a slot: behind
+        # 64 replicas the tables outgrow the L3 cache, and a probe's cache misses were the pool's
+        # largest (callgrind's cache model: half of the L3 read misses of 64 replicas x 32,000
+        # requests with 16-byte slots). A deleted entry is filled by shifting its probe run back (no
+        # tombstones, no rehash: probes stay as short as the load allows). Further blocks carrying
+        # the same hash (cache_full_blocks does not de-duplicate) in ``_dupes``, in insertion order.
+        # Which slot holds which hash is the table's own affair: nothing reads the slots in order
+        # but ``cache_groups``, whose callers sort.
         cap = 1 << (3 * num_blocks // 2).bit_length()
-        if num_blocks > _LOW32:
-            raise ValueError(f"num_blocks must fit in 32 bits, got {num_blocks}")
+        if num_blocks >= 1 << 30:  # a slot holds a block id and the home slot's bits in 32
+            raise ValueError(f"num_blocks must be below 2**30, got {num_blocks}")
         self._itab = array("Q", [0]) * cap
         self._imask = cap - 1
         self._ilive = 0  # slots holding a block

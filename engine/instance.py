@@ -86,10 +86,11 @@ class StepLog:
     """Per-step samples for the time series, as compact arrays (8 bytes a value: a million
     requests take ten million steps); converted once at the end.
 
-    A step logged one at a time (:meth:`add`) is first written in place into small pending
-    arrays (compiled: through typed views kept for the log's life, where an ``array.append``
-    parses its argument) and moved to the columns in bulk (:meth:`flush`) when they fill or a
-    column is read; the columns (``COLUMNS``) always hold every step logged."""
+    A step logged one at a time (:meth:`add`) is first written in place into pending arrays
+    (compiled: through typed views, where an ``array.append`` parses its argument), a run of
+    steps (:meth:`extend`) copied into them, and moved to the columns in bulk (:meth:`flush`)
+    when they fill or a column is read; reading a column (``COLUMNS``) gives every step
+    logged."""
 
     __slots__ = ("_end_ns", "_running", "_waiting", "_usage", "_prompt_tokens", "_gen_tokens",
                  "_pend_q", "_qv", "_pend_d", "_dv", "_n", "_cap")

@@ -23,6 +23,10 @@ from array import array
 
 _EMPTY = 0  # a prefix-index slot's value when it holds no entry (block 0 is never cached)
 _LOW32 = 0xFFFFFFFF  # a slot's block id; its upper half, the hash's lower 32 bits
+# Blocks a pool may hold, at most (block 0 included): a prefix-index slot keeps the block id
+# and its home slot's bits in 32 (at most 2**31 slots). EngineConfig checks
+# num_gpu_blocks_override against it.
+MAX_BLOCKS = (1 << 30) - 1
 
 
 class BlockPoolError(RuntimeError):
@@ -90,8 +94,8 @@ class BlockPool:
         # Which slot holds which hash is the table's own affair: nothing reads the slots in order
         # but ``cache_groups``, whose callers sort.
         cap = 1 << (3 * num_blocks // 2).bit_length()
-        if num_blocks >= 1 << 30:  # a slot holds a block id and the home slot's bits in 32
-            raise ValueError(f"num_blocks must be below 2**30, got {num_blocks}")
+        if num_blocks > MAX_BLOCKS:
+            raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         self._itab = array("Q", [0]) * cap
         self._imask = cap - 1
         self._ilive = 0  # slots holding a block

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.block_pool import MAX_BLOCKS
+
 GIB = 1024**3
 
 # vLLM 0.19 ``vllm/config/cache.py``: ``BlockSize = Literal[1, 8, 16, 32, 64, 128, 256]``
@@ -202,10 +204,10 @@ class EngineConfig:
             if not _is_int(value) or value < 1:
                 raise SettingError(name, value, "an integer >= 1")
         n = self.num_gpu_blocks_override
-        if n is not None and (not _is_int(n) or n < 2):
+        if n is not None and (not _is_int(n) or not 2 <= n <= MAX_BLOCKS):
             raise SettingError("num_gpu_blocks_override", n,
-                               "null (the memory formula) or an integer >= 2 "
-                               "(block 0 is vLLM's null block)")
+                               f"null (the memory formula) or an integer from 2 (block 0 is "
+                               f"vLLM's null block) to {MAX_BLOCKS} (the block pool's index)")
         if self.kv_capacity_model not in KV_CAPACITY_MODELS:
             raise SettingError("kv_capacity_model", self.kv_capacity_model,
                                f"one of {list(KV_CAPACITY_MODELS)}",

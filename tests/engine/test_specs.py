@@ -46,6 +46,7 @@ def test_defaults_are_valid_and_vllms():
         ({"pipeline_parallel_size": -2}, "pipeline_parallel_size", "an integer >= 1"),
         ({"expert_parallel_size": 0}, "expert_parallel_size", "an integer >= 1"),
         ({"num_gpu_blocks_override": 1}, "num_gpu_blocks_override", "null block"),
+        ({"num_gpu_blocks_override": 1 << 30}, "num_gpu_blocks_override", "to 1073741823"),
         ({"enable_prefix_caching": "yes"}, "enable_prefix_caching", "true or false"),
         ({"step_overhead_us": -1.0}, "step_overhead_us", ">= 0"),
         ({"step_overhead_hidden_ms": float("inf")}, "step_overhead_hidden_ms", "finite"),

@@ -55,6 +55,8 @@ class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        if num_blocks > MAX_BLOCKS:
+            raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         # Per block: references held (``_ref`` is the same array, typed as a C buffer when
@@ -94,8 +96,6 @@ class BlockPool:
         # Which slot holds which hash is the table's own affair: nothing reads the slots in order
         # but ``cache_groups``, whose callers sort.
         cap = 1 << (3 * num_blocks // 2).bit_length()
-        if num_blocks > MAX_BLOCKS:
-            raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         self._itab = array("Q", [0]) * cap
         self._imask = cap - 1
         self._ilive = 0  # slots holding a block

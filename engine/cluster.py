@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from engine.deployment import KvTransfer
 from engine.frontend import ApiServer
-from engine.instance import EngineUnit, Member, least_loaded
+from engine.instance import EngineUnit, LoadBoard, Member
 from engine.request import Request, RequestStatus
 from engine.specs import ConfigError
 
@@ -34,6 +34,7 @@ ROUTER_POLICIES = ("round_robin", "least_loaded", "random", "prefix_aware")
 # Policies that read no more of an instance than its load (Member.load): a unit may hold a
 # decode span past their sends (EngineUnit.poll's defer_ns). prefix_aware reads the caches.
 _LOAD_ONLY_POLICIES = ("round_robin", "least_loaded", "random")
+_LOAD_POLICIES = ("least_loaded", "prefix_aware")  # policies that read loads (a LoadBoard)
 
 
 class Router:
@@ -55,13 +56,18 @@ class Router:
         self.rng = random.Random(seed)
         self.counters: dict[str, int] = {}
 
-    def _least_loaded(self, side: str, candidates: Sequence[Member], now_ns: int) -> int:
-        return least_loaded(candidates, self.counters.get(side, 0) % len(candidates), now_ns)
+    def _least_loaded(self, side: str, candidates: Sequence[Member], now_ns: int,
+                      board: LoadBoard | None) -> int:
+        if board is None:
+            board = LoadBoard(candidates)
+        return board.pick(self.counters.get(side, 0) % len(candidates), now_ns)
 
     def pick(self, side: str, candidates: Sequence[Member], req: Request,
-             now_ns: int = -1) -> Member:
+             now_ns: int = -1, board: LoadBoard | None = None) -> Member:
         """The member of ``candidates`` that gets ``req``, sent at ``now_ns`` (the time the
-        loads are read at: see :meth:`engine.instance.Member.load`)."""
+        loads are read at: see :meth:`engine.instance.Member.load`). ``board``: the
+        candidates' :class:`engine.instance.LoadBoard`, which the caller keeps told of their
+        changes (without one, every load is read for this pick)."""
         n = len(candidates)
         if n == 1:
             return candidates[0]
@@ -70,12 +76,12 @@ class Router:
         elif self.policy == "random":
             idx = self.rng.randrange(n)
         elif self.policy == "least_loaded":
-            idx = self._least_loaded(side, candidates, now_ns)
+            idx = self._least_loaded(side, candidates, now_ns, board)
         else:  # prefix_aware
             hits = [_prefix_hit_tokens(m, req) for m in candidates]
             top = max(hits)
             if top == 0:
-                idx = self._least_loaded(side, candidates, now_ns)
+                idx = self._least_loaded(side, candidates, now_ns, board)
             else:
                 best = [i for i, h in enumerate(hits) if h == top]
                 idx = min(best, key=lambda i: (candidates[i].load(now_ns), i))
@@ -158,7 +164,7 @@ def run_cluster(
                     on_done(req, m)
                 return
             req.status = RequestStatus.WAITING
-            dst = router.pick("decode", decode, req)
+            dst = router.pick("decode", decode, req, -1, decode_board)
             assert kv_transfer_ns is not None
             when = t + int(kv_transfer_ns(m.name, dst.name, req.num_computed_tokens))
             seq += 1
@@ -192,6 +198,26 @@ def run_cluster(
     # visited when a job reaches them (a heap of their next arrivals; an entry may be stale:
     # visiting a server with nothing due is harmless).
     unit_of_member = [i for i, u in enumerate(units) for _ in u.members]  # as `members`
+    # The least-loaded rule's boards (engine.instance.LoadBoard): every change the loop makes
+    # to a member's requests (a request added, a KV hand-off arriving, a poll of its unit; an
+    # interrupt is followed by the request it makes room for) is told to its board, so a pick
+    # reads only the members that changed.
+    # Per member, (its board, its position there); per unit, those of its members.
+    front_board = decode_board = None
+    board_slot: list[tuple[LoadBoard, int] | None] = [None] * len(members)
+    if router.policy in _LOAD_POLICIES:
+        if len(front) > 1:
+            front_board = LoadBoard(front)
+            for pos, m in enumerate(front):
+                board_slot[member_index[id(m)]] = (front_board, pos)
+        if len(decode) > 1:
+            decode_board = LoadBoard(decode)
+            for pos, m in enumerate(decode):
+                board_slot[member_index[id(m)]] = (decode_board, pos)
+    unit_slots: list[list[tuple[LoadBoard, int]]] = [[] for _ in units]
+    for mi, slot in enumerate(board_slot):
+        if slot is not None:
+            unit_slots[unit_of_member[mi]].append(slot)
     # (wake ns, unit): an entry per busy unit's wake; an interrupted held span adds one for
     # its earlier wake and leaves the old one, skipped when popped (wake[] says which holds).
     wake_heap: list[tuple[int, int]] = []
@@ -240,11 +266,12 @@ def run_cluster(
             n += 1
             upcoming = next(arrivals, None)
             upcoming_ns = upcoming.arrival_ns if upcoming is not None else _NO_EVENT
-            m = router.pick("front", front, req, t)
+            m = router.pick("front", front, req, t, front_board)
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
                 req.max_tokens = 1
-            ui = unit_of_member[member_index[id(m)]]
+            mi = member_index[id(m)]
+            ui = unit_of_member[mi]
             if defer and units[ui].deferred is not None:
                 w = wake[ui] = units[ui].interrupt(t)
                 heapq.heappush(wake_heap, (w, ui))
@@ -254,6 +281,9 @@ def run_cluster(
                 fe_next(ui, fe)
                 continue
             m.scheduler.add_request(req)
+            slot = board_slot[mi]
+            if slot is not None:
+                slot[0].touch(slot[1])
             mark(ui)
         if fe_due and fe_due[0][0] <= t:
             due: set[int] = set()
@@ -270,10 +300,16 @@ def run_cluster(
             when, _, mi, req = heapq.heappop(handoffs)
             req.arrival_ns = when  # the engine core receives it now
             members[mi].scheduler.add_request(req)
+            slot = board_slot[mi]
+            if slot is not None:
+                slot[0].touch(slot[1])
             mark(unit_of_member[mi])
         while deliveries and deliveries[0][0] <= t:
             _, _, mi, req = heapq.heappop(deliveries)
             members[mi].arrived_kv.append(req)
+            slot = board_slot[mi]
+            if slot is not None:
+                slot[0].touch(slot[1])
             mark(unit_of_member[mi])
         # The horizon: the earliest time anything outside a unit may reach or read it (the next
         # send or KV delivery; with P/D, a prefill unit's next step end; behind an API server,
@@ -308,6 +344,8 @@ def run_cluster(
                 if pending is not None and pending < h:
                     h = pending
             w = wake[i] = u_poll[i](t, h, _NO_EVENT) if defer else u_poll[i](t, h)
+            for board, pos in unit_slots[i]:
+                board.touch(pos)
             if w is not None:
                 heapq.heappush(wake_heap, (w, i))
             if fe is not None:

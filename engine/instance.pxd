@@ -6,6 +6,8 @@ cdef long long _NO_ROUND
 cdef long long _DEFER_STEPS
 cdef Py_ssize_t _PENDING_STEPS, _PENDING_MAX
 cdef object _ZEROS, _ZERO_FLOATS
+cdef double _INF
+cdef long long _NEVER
 
 cdef class StepLog:
     cdef object _end_ns
@@ -41,6 +43,8 @@ cdef class SpanPlan:
     @cython.locals(times=list, n=Py_ssize_t, k=Py_ssize_t, d=Py_ssize_t, tk="long long",
                    fins="long long[::1]")
     cpdef long long finished_before(self, long long now_ns)
+    @cython.locals(d="long long", fins="long long[::1]", times=list)
+    cpdef long long next_finish_ns(self, long long now_ns)
 
 cdef class Member:
     cdef public str name
@@ -105,6 +109,21 @@ cdef class EngineUnit:
 @cython.locals(running="long long", sched=Scheduler, deferred=SpanPlan)
 cdef double _load_score(Member m, long long now_ns)
 
-@cython.locals(n=Py_ssize_t, best=Py_ssize_t, best_score=double, off=Py_ssize_t, i=Py_ssize_t,
-               score=double, m=Member)
-cpdef Py_ssize_t least_loaded(candidates, Py_ssize_t start, long long now_ns)
+cdef class LoadBoard:
+    cdef public list members
+    cdef Py_ssize_t _size
+    cdef double[::1] _tree
+    cdef long long[::1] _due
+    cdef signed char[::1] _dirty
+    cdef list _pending
+    cdef long long _last_ns
+    cpdef touch(self, Py_ssize_t i)
+    @cython.locals(m=Member, tree="double[::1]", score=double, j=Py_ssize_t, a=double,
+                   b=double, low=double, due="long long[::1]", plan=SpanPlan, nxt="long long",
+                   c="long long", d="long long", first="long long")
+    cdef _read(self, Py_ssize_t i, long long now_ns)
+    @cython.locals(i=Py_ssize_t, due="long long[::1]", size=Py_ssize_t, first="long long",
+                   j=Py_ssize_t, pending=list, dirty="signed char[::1]", low=double)
+    cpdef Py_ssize_t pick(self, Py_ssize_t start, long long now_ns)
+    @cython.locals(tree="double[::1]", j=Py_ssize_t, size=Py_ssize_t)
+    cdef Py_ssize_t _first_at_most(self, Py_ssize_t start, double low)

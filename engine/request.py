@@ -59,12 +59,15 @@ def _fill_range(out: array, start: int, step: int) -> None:
 
 
 def _int64_array(ids: Sequence[int]) -> array:
-    """``ids`` as an ``array('q')`` of int64 (ids are range-checked to int64 by the readers;
-    a ``range``, the generated and placeholder ids, is filled without a numpy round trip)."""
+    """``ids`` as a new ``array('q')`` of int64 (ids are range-checked to int64 by the readers;
+    a ``range``, the generated and placeholder ids, is filled without a numpy round trip, and
+    an ``array('q')``, the ids the readers load, is copied whole)."""
     if isinstance(ids, range):
         out = array("q", [0]) * len(ids)
         _fill_range(out, ids.start, ids.step)
         return out
+    if isinstance(ids, array) and ids.typecode == "q":  # the readers' ids: one copy
+        return ids[:]
     out = array("q")
     out.frombytes(np.asarray(ids, dtype=np.int64).tobytes())
     return out

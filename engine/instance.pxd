@@ -1,5 +1,5 @@
 cimport cython
-from engine.scheduler cimport Scheduler
+from engine.scheduler cimport DecodeSpan, Scheduler
 
 cdef long long _MAX_CHUNK
 cdef long long _NO_ROUND
@@ -89,9 +89,9 @@ cdef class EngineUnit:
                    last="long long", chunk="long long", i="long long", it="long long", start="long long",
                    nxt="long long", seg_end="long long", seg_start="long long", k="long long",
                    group=bint, spans=list, first_prompt=list, j=Py_ssize_t, raw=list, padded=list,
-                   n_s="long long")
+                   n_s="long long", span=DecodeSpan)
     cpdef _plan_span(self, long long t, long long horizon)
-    @cython.locals(end="long long", seg_end="long long", j=Py_ssize_t, busy=bint)
+    @cython.locals(end="long long", seg_end="long long", j=Py_ssize_t, busy=bint, span=DecodeSpan)
     cpdef long long _group_segment(self, list spans, long long i, list raw, list padded)
     @cython.locals(out=list, j=Py_ssize_t, r=Py_ssize_t, c="long long", prices=list)
     cpdef list _group_rounds_ns(self, list raw, list padded, long long first, long long k)
@@ -99,10 +99,11 @@ cdef class EngineUnit:
                    n_c="long long", c="long long", m=Member, outs=list, finished=list,
                    first="long long", j=Py_ssize_t, k=Py_ssize_t, n_tail=Py_ssize_t, done=object,
                    done_v="long long[::1]",
-                   prompt=object, steps=list)
+                   prompt=object, steps=list, span=DecodeSpan)
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
     @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list,
-                   fin="long long[::1]", room="long long[::1]", last_op="long long")
+                   fin="long long[::1]", room="long long[::1]", last_op="long long",
+                   span=DecodeSpan)
     cpdef bint _hold(self, SpanPlan plan)
     cpdef interrupt(self, long long t)
 

@@ -21,6 +21,17 @@ cdef inline long long _schedules_of(long long stop, long long n_s)
 @cython.locals(m="long long", p=Py_ssize_t)
 cdef long long _first_due(long long[::1] next_s, long long[::1] next_u, long long[::1] fin)
 
+cdef class DecodeSpan:
+    cdef public long long max_completions
+    cdef public long long lag
+    cdef public object c0
+    cdef public object room
+    cdef public object stop
+    cdef public object fin
+    cdef public object next_s
+    cdef public object next_u
+    cdef public list openers
+
 cdef class ScheduledStep:
     cdef public list reqs
     cdef public list num_tokens
@@ -67,12 +78,12 @@ cdef class Scheduler:
     cpdef steady_decode(self, list inflight)
     @cython.locals(stop="long long[::1]", c0="long long[::1]", n="long long", dsum="long long", dmin="long long",
                    dmax="long long", end="long long", p=Py_ssize_t, s="long long", c="long long")
-    cpdef tuple span_segment(self, span, long long i, list members=*)
+    cpdef tuple span_segment(self, DecodeSpan span, long long i, list members=*)
     @cython.locals(lim_c="long long", ops="long long")
-    cpdef long long span_ops(self, span, long long n_times)
+    cpdef long long span_ops(self, DecodeSpan span, long long n_times)
     @cython.locals(bs="long long", running=list, c0="long long[::1]", stop="long long[::1]", need="long long",
                    p=Py_ssize_t, sc="long long", extra="long long", r=Request)
-    cpdef bint span_blocks_serve(self, span, long long n_s)
+    cpdef bint span_blocks_serve(self, DecodeSpan span, long long n_s)
     @cython.locals(running=list, kv=KVCacheManager, pool=BlockPool, async_=bint, cache_async=bint,
                    n_ops_max="long long", lag="long long", c0="long long[::1]", room="long long[::1]",
                    stop="long long[::1]", fin="long long[::1]", next_s="long long[::1]", next_u="long long[::1]",
@@ -83,7 +94,7 @@ cdef class Scheduler:
                    nt0="long long", upto="long long", k="long long", done_s="long long", done_c="long long",
                    log=TokenLog, k1=Py_ssize_t, nxt="long long", tail=list, sc="long long", cc="long long",
                    j="long long", members=list, kept=list, fin_state=int)
-    cpdef decode_span(self, span, list times)
+    cpdef decode_span(self, DecodeSpan span, list times)
     @cython.locals(finished=list, kv=KVCacheManager, async_=bint, cache_async=bint, max_len="long long",
                    k="long long", g="long long", req=Request, nt="long long", ph="long long", upto="long long",
                    reqs=list, samples=list, j=Py_ssize_t, fin=int, run=int)

@@ -28,30 +28,39 @@ from engine.kv_cache import KVCacheManager
 from engine.request import FINISHED, PREEMPTED, RUNNING, Request, TokenLog
 
 
-@dataclass(slots=True)
 class DecodeSpan:
     """A run of pure-decode steps as :meth:`Scheduler.steady_decode` found it: how many
     completions it may run to, and each running request's start state, its last schedule in
     the span and its first KV checks (for :meth:`Scheduler.decode_span`). Step ``i`` holds the
     requests whose ``stop`` is at least ``i``, each ``i`` tokens further than at the start
-    (:meth:`Scheduler.span_segment` gives its batch shape)."""
+    (:meth:`Scheduler.span_segment` gives its batch shape).
 
-    max_completions: int
-    lag: int  # num_tokens - num_computed_tokens of every request (sync 1, async 0)
-    c0: array  # num_computed_tokens of each running request, in order (int64)
-    # Per request: completions left until it finishes (max_tokens or max_model_len) and the
-    # last schedule that includes it (sync room - 1; async room - 2: its final token is then in
-    # flight, and schedule() skips it).
-    room: array
-    stop: array
-    fin: array  # the operation of its final completion, if it finishes in the span (else _NO_OP)
-    next_s: array  # per request: the operation of its next schedule-side KV check
-    next_u: array  # per request: ... of its next completion-side check (async caching; else
-    # _NO_OP)
-    # Requests (positions) whose token at the span's first completion starts a new run of
-    # their token times: async, those whose prompt (or recompute) finished in the step in
-    # flight, so that completion is their first token since admission.
-    openers: list[int]
+    A plain class with fixed fields (compiled, an extension type: the span planner and the
+    hold read its fields per span and per segment, as C fields rather than attribute
+    lookups)."""
+
+    __slots__ = ("max_completions", "lag", "c0", "room", "stop", "fin", "next_s", "next_u",
+                 "openers")
+
+    def __init__(self, max_completions: int, lag: int, c0: array, room: array, stop: array,
+                 fin: array, next_s: array, next_u: array, openers: list[int]) -> None:
+        self.max_completions = max_completions
+        self.lag = lag  # num_tokens - num_computed_tokens of every request (sync 1, async 0)
+        self.c0 = c0  # num_computed_tokens of each running request, in order (int64)
+        # Per request: completions left until it finishes (max_tokens or max_model_len) and
+        # the last schedule that includes it (sync room - 1; async room - 2: its final token
+        # is then in flight, and schedule() skips it).
+        self.room = room
+        self.stop = stop
+        # The operation of its final completion, if it finishes in the span (else _NO_OP).
+        self.fin = fin
+        self.next_s = next_s  # per request: the operation of its next schedule-side KV check
+        # ... of its next completion-side check (async caching; else _NO_OP)
+        self.next_u = next_u
+        # Requests (positions) whose token at the span's first completion starts a new run of
+        # their token times: async, those whose prompt (or recompute) finished in the step in
+        # flight, so that completion is their first token since admission.
+        self.openers = openers
 
 
 @dataclass(slots=True)

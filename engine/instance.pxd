@@ -110,6 +110,13 @@ cdef class EngineUnit:
 @cython.locals(running="long long", sched=Scheduler, deferred=SpanPlan)
 cdef double _load_score(Member m, long long now_ns)
 
+ctypedef fused _minimum:
+    double
+    long long
+
+@cython.locals(a=_minimum, b=_minimum, low=_minimum)
+cdef void _set_leaf(_minimum[::1] tree, Py_ssize_t j, _minimum value) noexcept
+
 cdef class LoadBoard:
     cdef public list members
     cdef Py_ssize_t _size
@@ -119,9 +126,7 @@ cdef class LoadBoard:
     cdef list _pending
     cdef long long _last_ns
     cpdef touch(self, Py_ssize_t i)
-    @cython.locals(m=Member, tree="double[::1]", score=double, j=Py_ssize_t, a=double,
-                   b=double, low=double, due="long long[::1]", plan=SpanPlan, nxt="long long",
-                   c="long long", d="long long", first="long long")
+    @cython.locals(m=Member, plan=SpanPlan, nxt="long long")
     cdef _read(self, Py_ssize_t i, long long now_ns)
     @cython.locals(i=Py_ssize_t, due="long long[::1]", size=Py_ssize_t, first="long long",
                    j=Py_ssize_t, pending=list, dirty="signed char[::1]", low=double)

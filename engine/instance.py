@@ -279,6 +279,23 @@ def _load_score(m: Member, now_ns: int) -> float:
     return (4 * (len(sched.waiting) + len(m.arrived_kv)) + running) / sched.max_num_seqs
 
 
+def _set_leaf(tree: array, j: int, value: float) -> None:
+    """Set leaf ``j`` of a tree of minima (node ``k`` holds the lower of its children ``2k``
+    and ``2k + 1``; the root is node 1) to ``value``, and the minima above it."""
+    if tree[j] == value:
+        return
+    tree[j] = value
+    j >>= 1
+    while j:
+        a = tree[2 * j]
+        b = tree[2 * j + 1]
+        low = a if a <= b else b
+        if tree[j] == low:
+            return  # the minima above are unchanged
+        tree[j] = low
+        j >>= 1
+
+
 class LoadBoard:
     """The least-loaded router's view of its candidates (the least-loaded rule of
     ``engine.cluster.Router``: the first candidate with the lowest :meth:`Member.load`,
@@ -325,39 +342,14 @@ class LoadBoard:
         """Candidate ``i``'s score at ``now_ns`` and its next finisher's time into their
         leaves and the minima above them."""
         m = self.members[i]
-        tree = self._tree
-        score = _load_score(m, now_ns)
-        j = self._size + i
-        if tree[j] != score:
-            tree[j] = score
-            j >>= 1
-            while j:
-                a = tree[2 * j]
-                b = tree[2 * j + 1]
-                low = a if a <= b else b
-                if tree[j] == low:
-                    break  # the minima above are unchanged
-                tree[j] = low
-                j >>= 1
-        due = self._due
+        _set_leaf(self._tree, self._size + i, _load_score(m, now_ns))
         plan = m.deferred
         nxt = _NEVER
         if plan is not None:
             nxt = plan.next_finish_ns(now_ns)
             if nxt < 0:
                 nxt = _NEVER
-        j = self._size + i
-        if due[j] != nxt:
-            due[j] = nxt
-            j >>= 1
-            while j:
-                c = due[2 * j]
-                d = due[2 * j + 1]
-                first = c if c <= d else d
-                if due[j] == first:
-                    break
-                due[j] = first
-                j >>= 1
+        _set_leaf(self._due, self._size + i, nxt)
 
     def pick(self, start: int, now_ns: int) -> int:
         """The first candidate from position ``start`` on (cyclically) with the lowest score at

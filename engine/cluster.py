@@ -199,25 +199,21 @@ def run_cluster(
     # visiting a server with nothing due is harmless).
     unit_of_member = [i for i, u in enumerate(units) for _ in u.members]  # as `members`
     # The least-loaded rule's boards (engine.instance.LoadBoard): every change the loop makes
-    # to a member's requests (a request added, a KV hand-off arriving, a poll of its unit; an
-    # interrupt is followed by the request it makes room for) is told to its board, so a pick
-    # reads only the members that changed.
-    # Per member, (its board, its position there); per unit, those of its members.
+    # to a unit's requests (work marked for it: a request added, a KV hand-off arriving; a poll
+    # of it; an interrupt is followed by the request it makes room for) is told to its
+    # members' boards, so a pick reads only the members that changed.
+    # Per unit, (board, position there) of each of its members on a board.
     front_board = decode_board = None
-    board_slot: list[tuple[LoadBoard, int] | None] = [None] * len(members)
+    unit_slots: list[list[tuple[LoadBoard, int]]] = [[] for _ in units]
     if router.policy in _LOAD_POLICIES:
         if len(front) > 1:
             front_board = LoadBoard(front)
-            for pos, m in enumerate(front):
-                board_slot[member_index[id(m)]] = (front_board, pos)
         if len(decode) > 1:
             decode_board = LoadBoard(decode)
-            for pos, m in enumerate(decode):
-                board_slot[member_index[id(m)]] = (decode_board, pos)
-    unit_slots: list[list[tuple[LoadBoard, int]]] = [[] for _ in units]
-    for mi, slot in enumerate(board_slot):
-        if slot is not None:
-            unit_slots[unit_of_member[mi]].append(slot)
+        for board in (front_board, decode_board):
+            if board is not None:
+                for pos, m in enumerate(board.members):
+                    unit_slots[unit_of_member[member_index[id(m)]]].append((board, pos))
     # (wake ns, unit): an entry per busy unit's wake; an interrupted held span adds one for
     # its earlier wake and leaves the old one, skipped when popped (wake[] says which holds).
     wake_heap: list[tuple[int, int]] = []
@@ -225,6 +221,8 @@ def run_cluster(
     fe_due: list[tuple[int, int]] = []  # (next job arrival at its server, unit)
 
     def mark(ui: int) -> None:
+        for board, pos in unit_slots[ui]:
+            board.touch(pos)
         if not dirty[ui]:
             dirty[ui] = True
             if wake[ui] is None:
@@ -270,8 +268,7 @@ def run_cluster(
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
                 req.max_tokens = 1
-            mi = member_index[id(m)]
-            ui = unit_of_member[mi]
+            ui = unit_of_member[member_index[id(m)]]
             if defer and units[ui].deferred is not None:
                 w = wake[ui] = units[ui].interrupt(t)
                 heapq.heappush(wake_heap, (w, ui))
@@ -281,9 +278,6 @@ def run_cluster(
                 fe_next(ui, fe)
                 continue
             m.scheduler.add_request(req)
-            slot = board_slot[mi]
-            if slot is not None:
-                slot[0].touch(slot[1])
             mark(ui)
         if fe_due and fe_due[0][0] <= t:
             due: set[int] = set()
@@ -300,16 +294,10 @@ def run_cluster(
             when, _, mi, req = heapq.heappop(handoffs)
             req.arrival_ns = when  # the engine core receives it now
             members[mi].scheduler.add_request(req)
-            slot = board_slot[mi]
-            if slot is not None:
-                slot[0].touch(slot[1])
             mark(unit_of_member[mi])
         while deliveries and deliveries[0][0] <= t:
             _, _, mi, req = heapq.heappop(deliveries)
             members[mi].arrived_kv.append(req)
-            slot = board_slot[mi]
-            if slot is not None:
-                slot[0].touch(slot[1])
             mark(unit_of_member[mi])
         # The horizon: the earliest time anything outside a unit may reach or read it (the next
         # send or KV delivery; with P/D, a prefill unit's next step end; behind an API server,

@@ -102,6 +102,54 @@ def _prefix_hit_tokens(m: Member, req: Request) -> int:
     return n * kv.block_size
 
 
+class PrefillHorizon:
+    """The earliest instant a P/D prefill unit may hand a request over (the horizon's share of
+    ``run_cluster``'s prefill units), without reading every prefill unit per event.
+
+    The truth stays the loop's: ``wake`` (each unit's next step end, None when idle) and
+    ``dirty`` (new work marked for a unit: it steps at the current instant). A prefill unit
+    counts as the current instant when dirty, else as its wake. The loop reports a unit
+    marked (:meth:`dirtied`) and a unit's wake set (:meth:`woke`, after a poll clears its
+    mark or an interrupt moves its wake); the wakes of clean units sit in a heap whose entries
+    are checked against ``wake`` and ``dirty`` when they reach the top (an entry of a unit
+    since marked or woken again is dropped: the unit's next :meth:`woke` pushes it anew)."""
+
+    def __init__(self, units: Sequence[int], wake: list[int | None], dirty: list[bool]) -> None:
+        self.wake = wake
+        self.dirty = dirty
+        self.is_prefill = [False] * len(wake)
+        for i in units:
+            self.is_prefill[i] = True
+        self.heap: list[tuple[int, int]] = []
+        self.marked: set[int] = set()  # the dirty prefill units
+
+    def dirtied(self, i: int) -> None:
+        if self.is_prefill[i]:
+            self.marked.add(i)
+
+    def woke(self, i: int) -> None:
+        if self.is_prefill[i]:
+            if not self.dirty[i]:
+                self.marked.discard(i)
+            w = self.wake[i]
+            if w is not None:
+                heapq.heappush(self.heap, (w, i))
+
+    def earliest(self, now_ns: int) -> int:
+        """min over the prefill units of (``now_ns`` if dirty else its wake); ``_NO_EVENT``
+        when none is dirty or busy."""
+        heap, wake, dirty = self.heap, self.wake, self.dirty
+        while heap:
+            w, i = heap[0]
+            if wake[i] == w and not dirty[i]:
+                break
+            heapq.heappop(heap)
+        h = heap[0][0] if heap else _NO_EVENT
+        if self.marked and now_ns < h:
+            h = now_ns
+        return h
+
+
 @dataclass(slots=True)
 class ClusterRun:
     """What :func:`run_cluster` leaves behind (besides the mutated requests)."""
@@ -149,6 +197,7 @@ def run_cluster(
     dirty = [False] * len(units)
     # P/D: a prefill unit's step end may hand a request to a decode unit (see the horizon).
     prefill_units = [i for i, u in enumerate(units) if any(m.role == "prefill" for m in u.members)]
+    pf_horizon = PrefillHorizon(prefill_units, wake, dirty) if prefill_units else None
 
     def on_finished(m: Member, req: Request, t: int) -> None:
         nonlocal finished, seq
@@ -225,6 +274,8 @@ def run_cluster(
             board.touch(pos)
         if not dirty[ui]:
             dirty[ui] = True
+            if pf_horizon is not None:
+                pf_horizon.dirtied(ui)
             if wake[ui] is None:
                 fresh.append(ui)
 
@@ -272,6 +323,8 @@ def run_cluster(
             if defer and units[ui].deferred is not None:
                 w = wake[ui] = units[ui].interrupt(t)
                 heapq.heappush(wake_heap, (w, ui))
+                if pf_horizon is not None:
+                    pf_horizon.woke(ui)
             fe = servers[ui]
             if fe is not None:
                 fe.submit(req.arrival_ns, req.prompt_len, req, m)
@@ -307,9 +360,9 @@ def run_cluster(
         horizon = upcoming_ns
         if deliveries and deliveries[0][0] < horizon:
             horizon = deliveries[0][0]
-        for i in prefill_units:
-            w = t if dirty[i] else wake[i]
-            if w is not None and w < horizon:
+        if pf_horizon is not None:
+            w = pf_horizon.earliest(t)
+            if w < horizon:
                 horizon = w
         if handoffs and handoffs[0][0] < horizon:
             horizon = handoffs[0][0]
@@ -332,6 +385,8 @@ def run_cluster(
                 if pending is not None and pending < h:
                     h = pending
             w = wake[i] = u_poll[i](t, h, _NO_EVENT) if defer else u_poll[i](t, h)
+            if pf_horizon is not None:
+                pf_horizon.woke(i)
             for board, pos in unit_slots[i]:
                 board.touch(pos)
             if w is not None:

@@ -19,6 +19,7 @@ cdef class BlockPool:
     cdef Py_ssize_t _ilive
     cdef dict _dupes
     cdef public long long num_evictions
+    cdef public object index_listener
 
     @cython.locals(b=Py_ssize_t)
     cdef void _link_in_order(self)

@@ -50,6 +50,7 @@ class BlockPool:
         "_ilive",
         "_dupes",
         "num_evictions",
+        "index_listener",
     )
 
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
@@ -94,13 +95,17 @@ class BlockPool:
         # tombstones, no rehash: probes stay as short as the load allows). Further blocks carrying
         # the same hash (cache_full_blocks does not de-duplicate) in ``_dupes``, in insertion order.
         # Which slot holds which hash is the table's own affair: nothing reads the slots in order
-        # but ``cache_groups``, whose callers sort.
+        # but ``cache_groups`` and ``indexed_hashes``, whose callers do not depend on it.
         cap = 1 << (3 * num_blocks // 2).bit_length()
         self._itab = array("Q", [0]) * cap
         self._imask = cap - 1
         self._ilive = 0  # slots holding a block
         self._dupes: dict[int, list[int]] = {}
         self.num_evictions = 0
+        # Told of every hash that enters or leaves the prefix index (``indexed(h)``,
+        # ``unindexed(h)``), when set: a cluster's prefix directory
+        # (``engine.cluster.PrefixDirectory``) keeps which instances hold each hash by it.
+        self.index_listener: object | None = None
 
     @property
     def block_hash(self) -> list[int | None]:
@@ -178,6 +183,8 @@ class BlockPool:
         self._itab[i] = lo << 32 | b
         self._slot[b] = i
         self._ilive += 1
+        if self.index_listener is not None:
+            self.index_listener.indexed(h)
         return b
 
     def _unindex(self, i: int) -> None:
@@ -207,6 +214,11 @@ class BlockPool:
             return []
         return [first, *self._dupes.get(h, ())]
 
+    def indexed_hashes(self) -> list[int]:
+        """Every hash a prefix lookup finds (in no particular order)."""
+        tab = self._itab
+        return [self._bhash[tab[i] & _LOW32] for i in range(self._imask + 1) if tab[i] != _EMPTY]
+
     def cache_groups(self) -> list[list[int]]:
         """The prefix-cache index: per hash, its blocks (the one lookups return first)."""
         tab = self._itab
@@ -225,6 +237,8 @@ class BlockPool:
         more = self._dupes.get(h) if self._dupes else None
         if more is None:  # the only block under h
             self._unindex(i)
+            if self.index_listener is not None:
+                self.index_listener.unindexed(h)
         else:
             if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
                 nxt = more.pop(0)

@@ -23,6 +23,7 @@ import heapq
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.deployment import KvTransfer
 from engine.frontend import ApiServer
@@ -63,11 +64,14 @@ class Router:
         return board.pick(self.counters.get(side, 0) % len(candidates), now_ns)
 
     def pick(self, side: str, candidates: Sequence[Member], req: Request,
-             now_ns: int = -1, board: LoadBoard | None = None) -> Member:
+             now_ns: int = -1, board: LoadBoard | None = None,
+             directory: PrefixDirectory | None = None) -> Member:
         """The member of ``candidates`` that gets ``req``, sent at ``now_ns`` (the time the
         loads are read at: see :meth:`engine.instance.Member.load`). ``board``: the
         candidates' :class:`engine.instance.LoadBoard`, which the caller keeps told of their
-        changes (without one, every load is read for this pick)."""
+        changes (without one, every load is read for this pick). ``directory``: the
+        candidates' :class:`PrefixDirectory` for ``prefix_aware`` (without one, every
+        candidate's prefix cache is looked up for this pick)."""
         n = len(candidates)
         if n == 1:
             return candidates[0]
@@ -78,28 +82,112 @@ class Router:
         elif self.policy == "least_loaded":
             idx = self._least_loaded(side, candidates, now_ns, board)
         else:  # prefix_aware
-            hits = [_prefix_hit_tokens(m, req) for m in candidates]
-            top = max(hits)
-            if top == 0:
+            holders = directory.holders if directory is not None else _CacheLookups(candidates)
+            depth, best = _longest_prefix(holders, req, candidates[0].scheduler.kv.block_size,
+                                          (1 << n) - 1)
+            if depth == 0:
                 idx = self._least_loaded(side, candidates, now_ns, board)
-            else:
-                best = [i for i, h in enumerate(hits) if h == top]
-                idx = min(best, key=lambda i: (candidates[i].load(now_ns), i))
+            else:  # the first lowest load among those holding the longest prefix
+                idx = -1
+                low: float = 0.0
+                while best:
+                    i = (best & -best).bit_length() - 1
+                    best &= best - 1
+                    load = candidates[i].load(now_ns)
+                    if idx < 0 or load < low:
+                        idx, low = i, load
         self.counters[side] = idx + 1
         return candidates[idx]
 
 
-def _prefix_hit_tokens(m: Member, req: Request) -> int:
-    kv = m.scheduler.kv
-    if not kv.enable_caching:
-        return 0
-    lookup = kv.pool.lookup
-    n = 0
-    for h in req.block_hashes[: (req.num_tokens - 1) // kv.block_size]:
-        if lookup(h) < 0:
+def _longest_prefix(holders: Any, req: Request, block_size: int, everyone: int,
+                    ) -> tuple[int, int]:
+    """vLLM's ``get_computed_blocks`` walk over several caches at once, read-only: how many
+    leading full blocks of ``req`` (all but its last token, as vLLM leaves one to compute) the
+    candidates that cache the most of them hold, and those candidates (a bit mask of
+    positions). ``holders.get(h, 0)``: the mask of candidates whose prefix cache finds hash
+    ``h`` (a :class:`PrefixDirectory`'s map, or :class:`_CacheLookups`)."""
+    n = (req.num_tokens - 1) // block_size
+    hashes = req.hashes(n)
+    mask = everyone
+    depth = 0
+    while depth < n:
+        held = holders.get(hashes[depth], 0) & mask
+        if not held:
             break
-        n += 1
-    return n * kv.block_size
+        mask = held
+        depth += 1
+    return depth, mask
+
+
+class _CacheLookups:
+    """``holders`` read from the caches themselves: each candidate's prefix index looked up
+    (the truth a :class:`PrefixDirectory` keeps in step with)."""
+
+    def __init__(self, candidates: Sequence[Member]) -> None:
+        self.pools = [(1 << pos, m.scheduler.kv.pool) for pos, m in enumerate(candidates)
+                      if m.scheduler.kv.enable_caching]
+
+    def get(self, h: int, default: int = 0) -> int:
+        mask = default
+        for bit, pool in self.pools:
+            if pool.lookup(h) >= 0:
+                mask |= bit
+        return mask
+
+
+class _HeldBy:
+    """One candidate's cache reporting to a :class:`PrefixDirectory` (its pool's
+    ``index_listener``)."""
+
+    __slots__ = ("holders", "bit", "others")
+
+    def __init__(self, holders: dict[int, int], bit: int) -> None:
+        self.holders = holders
+        self.bit = bit
+        self.others = ~bit
+
+    def indexed(self, h: int) -> None:
+        holders = self.holders
+        holders[h] = holders.get(h, 0) | self.bit
+
+    def unindexed(self, h: int) -> None:
+        holders = self.holders
+        left = holders[h] & self.others
+        if left:
+            holders[h] = left
+        else:
+            del holders[h]
+
+
+class PrefixDirectory:
+    """Which candidates' NPU prefix caches hold each block hash (``holders``: hash -> bit mask
+    of positions in ``candidates``), kept by the caches themselves: each pool tells it every
+    hash entering or leaving its prefix index (``BlockPool.index_listener``). A
+    ``prefix_aware`` pick then walks the request's blocks once for all candidates, as a
+    cluster router's KV-event index does, instead of looking each block up in every
+    instance. :meth:`close` detaches it from the pools."""
+
+    def __init__(self, candidates: Sequence[Member]) -> None:
+        self.holders: dict[int, int] = {}
+        self.pools = []
+        for pos, m in enumerate(candidates):
+            kv = m.scheduler.kv
+            if not kv.enable_caching:
+                continue
+            pool = kv.pool
+            if pool.index_listener is not None:
+                raise ValueError(f"instance {m.name!r} already reports to a prefix directory")
+            held = _HeldBy(self.holders, 1 << pos)
+            for h in pool.indexed_hashes():
+                held.indexed(h)
+            pool.index_listener = held
+            self.pools.append(pool)
+
+    def close(self) -> None:
+        for pool in self.pools:
+            pool.index_listener = None
+        self.pools = []
 
 
 class PrefillHorizon:
@@ -213,7 +301,7 @@ def run_cluster(
                     on_done(req, m)
                 return
             req.status = RequestStatus.WAITING
-            dst = router.pick("decode", decode, req, -1, decode_board)
+            dst = router.pick("decode", decode, req, -1, decode_board, decode_dir)
             assert kv_transfer_ns is not None
             when = t + int(kv_transfer_ns(m.name, dst.name, req.num_computed_tokens))
             seq += 1
@@ -253,6 +341,13 @@ def run_cluster(
     # members' boards, so a pick reads only the members that changed.
     # Per unit, (board, position there) of each of its members on a board.
     front_board = decode_board = None
+    # prefix_aware: each side's directory of which members' caches hold each block hash.
+    front_dir = decode_dir = None
+    if router.policy == "prefix_aware":
+        if len(front) > 1:
+            front_dir = PrefixDirectory(front)
+        if len(decode) > 1:
+            decode_dir = PrefixDirectory(decode)
     unit_slots: list[list[tuple[LoadBoard, int]]] = [[] for _ in units]
     if router.policy in _LOAD_POLICIES:
         if len(front) > 1:
@@ -315,7 +410,7 @@ def run_cluster(
             n += 1
             upcoming = next(arrivals, None)
             upcoming_ns = upcoming.arrival_ns if upcoming is not None else _NO_EVENT
-            m = router.pick("front", front, req, t, front_board)
+            m = router.pick("front", front, req, t, front_board, front_dir)
             if m.role == "prefill":
                 original_max[req.index] = req.max_tokens
                 req.max_tokens = 1
@@ -404,6 +499,9 @@ def run_cluster(
             and finished < n
         ):
             _raise_stuck(units)
+    for directory in (front_dir, decode_dir):
+        if directory is not None:
+            directory.close()
     client: list[list[int]] = []
     if fe_units:
         # Stream what is still queued (output work never delays the engine from here on).

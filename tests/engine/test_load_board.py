@@ -35,12 +35,13 @@ class ScanCheckedRouter(Router):
 
     checked = 0
 
-    def pick(self, side, candidates, req, now_ns=-1, board=None):  # type: ignore[no-untyped-def]
+    def pick(self, side, candidates, req, now_ns=-1, board=None,  # type: ignore[no-untyped-def]
+             directory=None):
         n = len(candidates)
         expect = None
         if n > 1 and self.policy == "least_loaded":
             expect = candidates[scan_pick(candidates, self.counters.get(side, 0) % n, now_ns)]
-        got = super().pick(side, candidates, req, now_ns, board)
+        got = super().pick(side, candidates, req, now_ns, board, directory)
         if expect is not None:
             assert got is expect, f"{side} pick at {now_ns}: board chose {got}, scan {expect}"
             type(self).checked += 1

@@ -166,7 +166,9 @@ class PrefixDirectory:
     hash entering or leaving its prefix index (``BlockPool.index_listener``). A
     ``prefix_aware`` pick then walks the request's blocks once for all candidates, as a
     cluster router's KV-event index does, instead of looking each block up in every
-    instance. :meth:`close` detaches it from the pools."""
+    instance. :meth:`close` detaches it from the pools; a pool reports to one directory at a
+    time, so a directory built over caches that still report to an earlier one (a run that
+    raised before closing its own) takes them over."""
 
     def __init__(self, candidates: Sequence[Member]) -> None:
         self.holders: dict[int, int] = {}
@@ -176,8 +178,6 @@ class PrefixDirectory:
             if not kv.enable_caching:
                 continue
             pool = kv.pool
-            if pool.index_listener is not None:
-                raise ValueError(f"instance {m.name!r} already reports to a prefix directory")
             held = _HeldBy(self.holders, 1 << pos)
             for h in pool.indexed_hashes():
                 held.indexed(h)

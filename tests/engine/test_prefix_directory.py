@@ -6,6 +6,7 @@ pools' indexes at every pick."""
 from __future__ import annotations
 
 import sys
+from array import array
 from dataclasses import replace
 
 import pytest
@@ -131,14 +132,24 @@ def test_shared_prefixes_are_found(checked_router) -> None:
 
 
 def test_a_pool_reports_to_one_directory() -> None:
-    """A cache reports to one directory at a time; closing detaches it."""
+    """A cache reports to one directory at a time (a later one takes it over, with what it
+    holds already); closing detaches it."""
     a, b = (SIMULATE._member(inst(name))[0] for name in ("a", "b"))
+    pool = a.scheduler.kv.pool
     first = PrefixDirectory([a, b])
-    with pytest.raises(ValueError, match="'a' already reports"):
-        PrefixDirectory([a])
+    assert pool.index_listener is not None
     first.close()
-    assert a.scheduler.kv.pool.index_listener is None
-    PrefixDirectory([b, a]).close()
+    assert pool.index_listener is None
+    blocks = pool.get_new_blocks(2)
+    table = array("i", blocks)
+    pool.cache_full_blocks(table, array("Q", [11, 12]), 0, 2)
+    second = PrefixDirectory([b, a])
+    assert second.holders == {11: 0b10, 12: 0b10}
+    third = PrefixDirectory([a])
+    pool.free_table(table, 2)
+    pool.get_new_blocks(pool.num_free)  # evicts both
+    assert third.holders == {}
+    third.close()
 
 
 def test_a_directory_that_misses_evictions_is_caught(monkeypatch) -> None:

@@ -30,22 +30,36 @@ def scan_pick(candidates, start: int, now_ns: int) -> int:
     return next((start + k) % n for k in range(n) if loads[(start + k) % n] == low)
 
 
-class ScanCheckedRouter(Router):
-    """A router whose every least-loaded pick is compared with :func:`scan_pick`."""
+class CheckedRouter(Router):
+    """A router whose every pick is compared with what :meth:`expect` reads directly (None:
+    not checked); ``checked`` counts the picks compared."""
 
     checked = 0
+    rule = "the oracle"
+
+    def expect(self, side, candidates, req, now_ns, directory):  # type: ignore[no-untyped-def]
+        return None
 
     def pick(self, side, candidates, req, now_ns=-1, board=None,  # type: ignore[no-untyped-def]
              directory=None):
-        n = len(candidates)
-        expect = None
-        if n > 1 and self.policy == "least_loaded":
-            expect = candidates[scan_pick(candidates, self.counters.get(side, 0) % n, now_ns)]
+        expect = self.expect(side, candidates, req, now_ns, directory)
         got = super().pick(side, candidates, req, now_ns, board, directory)
         if expect is not None:
-            assert got is expect, f"{side} pick at {now_ns}: board chose {got}, scan {expect}"
+            assert got is expect, f"{side} pick at {now_ns}: chose {got}, {self.rule} {expect}"
             type(self).checked += 1
         return got
+
+
+class ScanCheckedRouter(CheckedRouter):
+    """A router whose every least-loaded pick is compared with :func:`scan_pick`."""
+
+    rule = "the scan"
+
+    def expect(self, side, candidates, req, now_ns, directory):  # type: ignore[no-untyped-def]
+        n = len(candidates)
+        if n > 1 and self.policy == "least_loaded":
+            return candidates[scan_pick(candidates, self.counters.get(side, 0) % n, now_ns)]
+        return None
 
 
 @pytest.fixture

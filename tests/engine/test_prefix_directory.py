@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.cluster import PrefixDirectory, Router
+from engine.cluster import PrefixDirectory
 from engine.frontend import FrontEndSpec
 from engine.simulate import simulate_cluster
 from tests.engine.test_cluster import CFG, inst
-from tests.engine.test_load_board import scan_pick, workload
+from tests.engine.test_load_board import CheckedRouter, scan_pick, workload
 
 SIMULATE = sys.modules["engine.simulate"]
 
@@ -54,29 +54,22 @@ def directory_of(candidates) -> dict[int, int]:
     return out
 
 
-class LookupCheckedRouter(Router):
+class LookupCheckedRouter(CheckedRouter):
     """A router whose every prefix-aware pick is compared with :func:`lookup_pick`, and whose
     directory is compared with the pools' indexes."""
 
-    checked = 0
+    rule = "the lookups"
     hits = 0  # picks that found a cached prefix somewhere
 
-    def pick(self, side, candidates, req, now_ns=-1, board=None,  # type: ignore[no-untyped-def]
-             directory=None):
+    def expect(self, side, candidates, req, now_ns, directory):  # type: ignore[no-untyped-def]
         n = len(candidates)
-        expect = None
-        if n > 1 and self.policy == "prefix_aware":
-            assert directory is not None, "the loop gave no directory"
-            assert directory.holders == directory_of(candidates), f"{side} directory stale"
-            start = self.counters.get(side, 0) % n
-            expect = candidates[lookup_pick(candidates, req, start, now_ns)]
-            if any(directory.holders.get(h) for h in req.block_hashes[:1]):
-                type(self).hits += 1
-        got = super().pick(side, candidates, req, now_ns, board, directory)
-        if expect is not None:
-            assert got is expect, f"{side} pick at {now_ns}: directory chose {got}, lookups {expect}"
-            type(self).checked += 1
-        return got
+        if n == 1 or self.policy != "prefix_aware":
+            return None
+        assert directory is not None, "the loop gave no directory"
+        assert directory.holders == directory_of(candidates), f"{side} directory stale"
+        if any(directory.holders.get(h) for h in req.block_hashes[:1]):
+            type(self).hits += 1
+        return candidates[lookup_pick(candidates, req, self.counters.get(side, 0) % n, now_ns)]
 
 
 @pytest.fixture

@@ -30,14 +30,17 @@ import math
 import os
 import traceback
 from concurrent.futures import Future, ThreadPoolExecutor
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
+from omegaconf._utils import get_omega_conf_dumper
 
 from sweep.claims import Claims, Decision, PointClaim
 from sweep.config_hash import HASH_KEY, point_hash
@@ -65,11 +68,29 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def task_config(cfg: DictConfig) -> dict[str, Any]:
-    """The resolved job config as plain containers, without ``hydra`` and bookkeeping."""
-    keys = [k for k in cfg if k != "hydra"]
-    data = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True)
-    assert isinstance(data, dict)
+    """The resolved job config as plain containers, without ``hydra``, in the config's key
+    order (enums as their names, as ``OmegaConf.to_yaml`` writes them). Each top-level
+    subtree is converted in place; the ``hydra`` node, two thirds of a job config, is
+    neither copied nor converted. A missing top-level value stays ``???``."""
+    data: dict[str, Any] = {}
+    for key in cfg:
+        if key == "hydra":
+            continue
+        if OmegaConf.is_missing(cfg, key):
+            data[str(key)] = "???"
+            continue
+        value = cfg[key]
+        data[str(key)] = (OmegaConf.to_container(value, resolve=True, enum_to_str=True)
+                          if OmegaConf.is_config(value)
+                          else value.name if isinstance(value, Enum) else value)
     return data
+
+
+def config_yaml(point: dict[str, Any]) -> str:
+    """``point`` (a ``task_config``) as YAML, the text ``OmegaConf.to_yaml`` gives for it:
+    OmegaConf's own dumper and options, without building a config from the dict first."""
+    return yaml.dump(point, Dumper=get_omega_conf_dumper(), default_flow_style=False,
+                     allow_unicode=True, sort_keys=False)
 
 
 def atomic_write(path: Path, data: bytes | str) -> Path:
@@ -139,6 +160,8 @@ class SweepRecorder:
         self.parent_id: str | None = None
         self._claimed: dict[int, str] = {}  # job -> its claimed run
         self._names: dict[int, str] = {}
+        # job -> its ``task_config``, made once when the job is acquired, used by ``job_done``
+        self._points: dict[int, dict[str, Any]] = {}
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow")
         self._logging: list[tuple[dict[str, Any], Future[str]]] = []
 
@@ -219,7 +242,10 @@ class SweepRecorder:
                     "overrides": " ".join(overrides)[:5000],
                     "output_dir": str(self._job_dir(cfg, None)),
                     "mlflow.parentRunId": str(self.parent_id)}
-            points.append(PointClaim(idx, _point_hash(cfg), self._names[idx], tags))
+            point = self._points.get(idx)
+            if point is None:
+                point = self._points[idx] = task_config(cfg)
+            points.append(PointClaim(idx, _point_hash(cfg, point), self._names[idx], tags))
         try:
             decisions: dict[int, Decision] = self.claims.decide(points, reuse_finished)
         except TrackingWriteError as err:  # store down: run unclaimed, count what is not logged
@@ -246,7 +272,9 @@ class SweepRecorder:
         cannot be written (full disk) is counted in the row's ``missing`` and keeps the
         point's run from being set ``FINISHED``.
         """
-        point = task_config(cfg)
+        point = self._points.pop(idx, None)
+        if point is None:  # not acquired (a single run, no store)
+            point = task_config(cfg)
         out_dir = self._job_dir(cfg, ret)
         overrides = list(OmegaConf.select(cfg, "hydra.overrides.task", default=[]) or [])
         params = flatten({k: v for k, v in point.items() if k not in NON_POINT_KEYS})
@@ -465,8 +493,7 @@ class SweepRecorder:
                 files.append(atomic_write(out_dir / "infeasible.txt", row["infeasible_reason"]))
             else:
                 files.append(atomic_write(out_dir / "error.txt", row["error"]))
-            files.append(atomic_write(out_dir / "config_resolved.yaml",
-                                      OmegaConf.to_yaml(OmegaConf.create(point))))
+            files.append(atomic_write(out_dir / "config_resolved.yaml", config_yaml(point)))
         except OSError as err:
             return files, f"{type(err).__name__}: {err}"
         if value is not None:  # the bulky parts now live on disk; keep only their paths

@@ -43,7 +43,9 @@ from sweep.gc_policy import long_lived  # noqa: E402
 # outside the collector's walks (sweep.gc_policy)
 with long_lived():
     from mlflow.entities import Metric, Param, RunTag
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
     from mlflow.tracking import MlflowClient
+    from mlflow.utils.uri import add_databricks_profile_info_to_artifact_uri
 
 from sweep.store_check import TrackingError, check_store, sqlite_path  # noqa: E402
 
@@ -183,6 +185,10 @@ class Tracker:
         db = sqlite_path(uri)
         self.client = MlflowClient(tracking_uri=uri)
         self._sql_store: Any = None  # set once the experiment is found (the store is made then)
+        # The artifact URI of each run created here, until it is finished: MLflow's client
+        # reads the whole run back (``get_run``, its params and metrics) for the URI the first
+        # time a run logs an artifact; the URI is known from ``create_run``'s answer.
+        self._artifact_uris: dict[str, str] = {}
         try:
             exp = self.client.get_experiment_by_name(experiment)
             self.experiment_id = (exp.experiment_id if exp
@@ -211,6 +217,7 @@ class Tracker:
             all_tags["mlflow.parentRunId"] = parent_id
         run = self.retry.call(f"create run {name}", lambda: self.client.create_run(
             self.experiment_id, run_name=name, tags=all_tags))
+        self._artifact_uris[run.info.run_id] = run.info.artifact_uri
         return run.info.run_id
 
     def describe_experiment(self, text: str) -> None:
@@ -320,8 +327,18 @@ class Tracker:
         self._batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     def log_artifact(self, run_id: str, path: Path) -> None:
+        """The file ``path`` into the run's artifacts: through the artifact repository of the
+        URI ``create_run`` answered (as ``MlflowClient.log_artifact`` finds it), or, for a
+        run created elsewhere, through the client."""
+        uri = self._artifact_uris.get(run_id)
+        if uri is None:
+            self.retry.call(f"log_artifact {path.name} to run {run_id}",
+                            lambda: self.client.log_artifact(run_id, str(path)))
+            return
+        repo = get_artifact_repository(add_databricks_profile_info_to_artifact_uri(uri, self.uri),
+                                       tracking_uri=self.uri)
         self.retry.call(f"log_artifact {path.name} to run {run_id}",
-                        lambda: self.client.log_artifact(run_id, str(path)))
+                        lambda: repo.log_artifact(str(path)))
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.retry.call(f"log_text {name} to run {run_id}",
@@ -357,3 +374,4 @@ class Tracker:
     def finish(self, run_id: str, status: str) -> None:
         self.retry.call(f"set run {run_id} {status}",
                         lambda: self.client.set_terminated(run_id, status=status))
+        self._artifact_uris.pop(run_id, None)

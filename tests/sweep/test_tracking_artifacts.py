@@ -4,6 +4,8 @@ through MLflow's client; a failed write is retried like every other store write.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 from mlflow.tracking import MlflowClient
@@ -43,7 +45,7 @@ def test_a_run_made_here_logs_without_reading_the_run_back(tracker, tmp_path, mo
     reader = MlflowClient(tracker.uri)
     assert names(reader, run) == ["config_resolved.yaml", "metrics.json"]
     local = reader.download_artifacts(run, "metrics.json", str(tmp_path / "back"))
-    assert open(local).read() == "metrics.json"
+    assert Path(local).read_text() == "metrics.json"
 
 
 def test_a_run_made_elsewhere_goes_through_the_client(tracker, tmp_path):

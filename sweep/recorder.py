@@ -70,7 +70,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def task_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved job config as plain containers, without ``hydra``, in the config's key
     order (enums as their names, as ``OmegaConf.to_yaml`` writes them). Each top-level
-    subtree is converted in place; the ``hydra`` node, two thirds of a job config, is
+    subtree is converted in place; the ``hydra`` node, most of a job config's nodes, is
     neither copied nor converted. A missing top-level value stays ``???``."""
     data: dict[str, Any] = {}
     for key in cfg:

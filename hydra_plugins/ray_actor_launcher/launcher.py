@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import logging
 import math
 import signal
@@ -39,6 +40,19 @@ from hydra_plugins.ray_actor_launcher.hooks import Recorder, load_attr
 from hydra_plugins.ray_actor_launcher.ray_cluster import ClusterLost
 
 log = logging.getLogger(__name__)
+
+# The launcher's two background threads import large package trees: Ray in the ``RayOwner``
+# thread, the recorder (MLflow, pandas, pyarrow) in another. The trees share packages that
+# import one another (protobuf, requests and urllib3, asyncio, tqdm, ...), and when two
+# threads import such a cycle from both ends, CPython's per-module import locks give one of
+# them a partially initialised module instead of waiting (a sweep failed so once:
+# "partially initialized module 'ray' has no attribute '_private'"). So the two imports take
+# turns under this lock; the main thread imports Ray only once the ``RayOwner`` has.
+_IMPORTING = threading.Lock()
+# What Ray's ``init`` imports on its own that the recorder's stack imports too (the modules
+# new in ``sys.modules`` after ``ray.init``, intersected with the recorder's, Ray 2.x):
+# imported with Ray, so that ``init`` finds them loaded.
+_RAY_INIT_SHARED = ("click", "email.policy")
 
 ON_FAILURE = ("continue", "return", "raise")
 
@@ -159,9 +173,10 @@ class RayActorLauncher(Launcher):
     def _open_recorder(self, sweep_dir: Path, num_jobs: int, opened: dict[str, Recorder]) -> None:
         """Import and start the recorder (in the background thread); ``opened["recorder"]``
         is set only once ``start`` succeeded, so only a started recorder is closed."""
-        recorder = self._make_recorder(sweep_dir, num_jobs)
-        assert recorder is not None
-        recorder.start()
+        with _IMPORTING:  # its imports (and the store's, in ``start``) not beside Ray's
+            recorder = self._make_recorder(sweep_dir, num_jobs)
+            assert recorder is not None
+            recorder.start()
         opened["recorder"] = recorder
 
     def _start_pool(self, num_jobs: int, stopping: threading.Event) -> None:
@@ -170,8 +185,11 @@ class RayActorLauncher(Launcher):
         Nothing is started once ``stopping`` is set: a sweep whose composition or validation
         fails while ``import ray`` runs (the usual case for a mistyped override) ends with
         its message at once, without a Ray to start and stop first."""
-        import ray
+        with _IMPORTING:
+            import ray
 
+            for module in _RAY_INIT_SHARED:
+                importlib.import_module(module)
         t_start = time.monotonic()
         logging.getLogger("ray._private.worker").addFilter(_NoThreadSigtermWarning())
         if stopping.is_set():
@@ -267,23 +285,24 @@ class RayActorLauncher(Launcher):
         """Run the jobs; each result is put into ``results`` (and recorded) as it arrives. An
         infeasible job is recorded with its reason (``{"status": "infeasible", "reason"}``),
         never run. The actors are those ``_start_pool`` started; ``_launch`` stops them."""
-        import ray
-
-        from hydra_plugins.ray_actor_launcher._pool import ActorSet
+        if starting is not None:
+            starting.wait()  # the recorder's imports are done: none run beside this thread's
         from hydra_plugins.ray_actor_launcher._progress import Progress
 
         configs = dict(jobs)
         progress = Progress(len(jobs), bool(self.params.progress))
         try:
-            if starting is not None:
-                starting.wait()
             recorder = opened.get("recorder")
             if len(infeasible) == len(jobs):  # nothing can run: record it all, no actor needed
                 self._drive(jobs, job_overrides, initial_job_idx, recorder, results, infeasible,
                             configs, progress, None, None)
                 return
             assert self._startup is not None
-            self._startup.wait_started()
+            self._startup.wait_started()  # re-raises a failed start, its import of Ray included
+            import ray
+
+            from hydra_plugins.ray_actor_launcher._pool import ActorSet
+
             self._check_exposure()
             remote_cls = self._remote_cls
             preload = tuple(self.params.preload or ())

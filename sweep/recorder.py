@@ -604,13 +604,11 @@ def swept_keys(config: DictConfig) -> list[str]:
     return sorted({o.key_or_group for o in parsed if o.is_sweep_override()})
 
 
-def _point_hash(cfg: DictConfig, point: dict[str, Any] | None = None) -> str:
-    """``sweep.config_hash.point_hash`` of a job config (``point``: its ``task_config`` when
-    the caller has it already); a relative trace path is taken from the directory the sweep
-    started in."""
+def _point_hash(cfg: DictConfig, point: dict[str, Any]) -> str:
+    """``sweep.config_hash.point_hash`` of a job's ``task_config`` ``point``; a relative trace
+    path is taken from the directory the sweep of ``cfg`` started in."""
     cwd = OmegaConf.select(cfg, "hydra.runtime.cwd", default=None) if "hydra" in cfg else None
-    return point_hash(task_config(cfg) if point is None else point,
-                      Path(str(cwd)) if cwd else None)
+    return point_hash(point, Path(str(cwd)) if cwd else None)
 
 
 def _error_text(value: Any) -> str:

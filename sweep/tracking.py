@@ -332,13 +332,15 @@ class Tracker:
         run created elsewhere, through the client."""
         uri = self._artifact_uris.get(run_id)
         if uri is None:
-            self.retry.call(f"log_artifact {path.name} to run {run_id}",
-                            lambda: self.client.log_artifact(run_id, str(path)))
-            return
-        repo = get_artifact_repository(add_databricks_profile_info_to_artifact_uri(uri, self.uri),
-                                       tracking_uri=self.uri)
-        self.retry.call(f"log_artifact {path.name} to run {run_id}",
-                        lambda: repo.log_artifact(str(path)))
+            def write() -> None:
+                self.client.log_artifact(run_id, str(path))
+        else:
+            repo = get_artifact_repository(
+                add_databricks_profile_info_to_artifact_uri(uri, self.uri), tracking_uri=self.uri)
+
+            def write() -> None:
+                repo.log_artifact(str(path))
+        self.retry.call(f"log_artifact {path.name} to run {run_id}", write)
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
         self.retry.call(f"log_text {name} to run {run_id}",

@@ -4,7 +4,9 @@ The load (issue 15): the RTX PRO 6000 / Llama-3.1-8B profile bundle, vLLM's defa
 settings (``EngineConfig()``), ShareGPT-like lengths (``workloads.synthetic``'s ``sharegpt``
 fits) arriving as a Poisson process at ``--load`` (default 0.8) of one instance's saturation
 throughput, times the number of instances (``--instances K`` replicas behind the
-``least_loaded`` router). The saturation throughput is measured first, in this process, as the
+``least_loaded`` router; the replicas share one latency model, as identical instances of a
+deployment do: ``profiles.deployment`` assembles them with one model and one memo of its step
+prices). The saturation throughput is measured first, in this process, as the
 request throughput (``analysis.metrics``) of a burst of ``--saturation-requests`` requests on
 one instance; ``--rate`` skips that probe.
 
@@ -77,8 +79,9 @@ def _data_dir() -> Path:
 
 
 def _setup(instances: int):  # type: ignore[no-untyped-def]
-    """Model, hardware, config and ``instances`` instance specs (works on older trees too:
-    ``InstanceSpec`` moved to ``engine.deployment`` and gained ``capacity``)."""
+    """Model, hardware, config and ``instances`` instance specs sharing one latency model (works
+    on older trees too: ``InstanceSpec`` moved to ``engine.deployment`` and gained
+    ``capacity``)."""
     from engine import EngineConfig
     from engine.memory import kv_capacity
     from profiles.bundle import load_bundle
@@ -96,10 +99,8 @@ def _setup(instances: int):  # type: ignore[no-untyped-def]
     extra = {}
     if "capacity" in {f.name for f in dataclasses.fields(InstanceSpec)}:
         extra["capacity"] = kv_capacity(model, hw, config)
-    specs = [
-        InstanceSpec(f"i{k}", model, hw, config, ProfiledLatencyModel(bundle, model, 1), **extra)
-        for k in range(instances)
-    ]
+    latency = ProfiledLatencyModel(bundle, model, 1)
+    specs = [InstanceSpec(f"i{k}", model, hw, config, latency, **extra) for k in range(instances)]
     return specs
 
 
@@ -280,9 +281,10 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {load_before} before, {load_after} "
           f"after; median of {args.repeat} run(s) per tree")
     cols = (*FIELDS, "us_per_step", "workload_rss_mib")
-    print(f"{'tree':<28}" + "".join(f"{c:>16}" for c in cols))
+    widths = [max(16, len(c) + 2) for c in cols]  # a name longer than a column stays apart
+    print(f"{'tree':<28}" + "".join(f"{c:>{w}}" for c, w in zip(cols, widths, strict=True)))
     for label, m in med.items():
-        print(f"{label:<28}" + "".join(f"{m[c]:>16.4g}" for c in cols))
+        print(f"{label:<28}" + "".join(f"{m[c]:>{w}.4g}" for c, w in zip(cols, widths, strict=True)))
     ratio = None
     if len(med) == 2:
         cur, prev = med["current"], next(v for k, v in med.items() if k != "current")

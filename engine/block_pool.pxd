@@ -2,17 +2,14 @@
 cimport cython
 
 cdef unsigned long long _EMPTY, _LOW32
+cdef Py_ssize_t _NEXT, _PREV, _REF, _SLOT
+cdef int _UNHASHED, _DUPLICATE
 
 cdef class BlockPool:
     cdef public Py_ssize_t num_blocks
     cdef public bint enable_caching
-    cdef public object ref_cnt
+    cdef int[::1] _rec
     cdef unsigned long long[::1] _bhash
-    cdef signed char[::1] _hashed
-    cdef int[::1] _slot
-    cdef int[::1] _ref
-    cdef int[::1] _next
-    cdef int[::1] _prev
     cdef public Py_ssize_t num_free
     cdef unsigned long long[::1] _itab
     cdef Py_ssize_t _imask
@@ -21,11 +18,12 @@ cdef class BlockPool:
     cdef public long long num_evictions
     cdef public object index_listener
 
+    cpdef int ref_of(self, Py_ssize_t b)
     @cython.locals(b=Py_ssize_t)
     cdef void _link_in_order(self)
-    @cython.locals(n=int, p=int)
+    @cython.locals(n=Py_ssize_t, p=Py_ssize_t)
     cdef inline void _unlink(self, Py_ssize_t b)
-    @cython.locals(sentinel=int, tail=int)
+    @cython.locals(sentinel=Py_ssize_t, tail=Py_ssize_t)
     cdef inline void _append(self, Py_ssize_t b)
     @cython.locals(mask=Py_ssize_t, i=Py_ssize_t, v="unsigned long long", lo="unsigned long long")
     cdef Py_ssize_t _find(self, unsigned long long h)

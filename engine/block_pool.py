@@ -1,13 +1,15 @@
 """vLLM V1 block pool (``vllm/v1/core/block_pool.py`` and ``kv_cache_utils.py``).
 
 One owner for the block ledger: ref counts, the LRU free-block queue and the prefix-cache
-index (hash -> block). Blocks are plain integer ids; per-block state lives in parallel
-``array`` columns (C ints when compiled, see ``block_pool.pxd``) so the hot path touches no
-objects.
+index (hash -> block). Blocks are plain integer ids; per-block state lives in ``array``s (C
+ints when compiled, see ``block_pool.pxd``) so the hot path touches no objects: one record of
+four int32 per block (its free-queue links, references and prefix-index slot, 16 bytes: the
+fields an allocation, an eviction or a free reads and writes share one cache line) and the
+chained hash it carries in a column of its own (read only to compare or report a hash).
 
 Faithful points (cited from vLLM 0.19):
 - Block 0 is the null block: never on the free list, never allocated, excluded from usage.
-- The free queue is a doubly linked list (``_next`` / ``_prev`` columns around a sentinel),
+- The free queue is a doubly linked list (next / previous links around a sentinel),
   initially ``[1, 2, ..., N-1]``; allocation pops from the head (least recently freed), frees
   append to the tail in the order given (callers pass a request's blocks tail-first).
 - Freed blocks keep their hash and stay hit-able until reallocated; eviction happens only as
@@ -23,6 +25,13 @@ from array import array
 
 _EMPTY = 0  # a prefix-index slot's value when it holds no entry (block 0 is never cached)
 _LOW32 = 0xFFFFFFFF  # a slot's block id; its upper half, the hash's lower 32 bits
+# A block's record: _rec[4 * b + field] (the sentinel's, at b = num_blocks, holds its links).
+_NEXT = 0  # the free queue's next block (-1: not queued)
+_PREV = 1  # the free queue's previous block (-1: not queued)
+_REF = 2  # references held
+_SLOT = 3  # the prefix-index slot holding the block, or one of the two values below
+_UNHASHED = -2  # the block carries no hash
+_DUPLICATE = -1  # it carries a hash another block is indexed under (one of ``_dupes``)
 # Blocks a pool may hold, at most (block 0 included): a prefix-index slot keeps the block id
 # and its home slot's bits in 32 (at most 2**31 slots). EngineConfig checks
 # num_gpu_blocks_override against it.
@@ -37,13 +46,8 @@ class BlockPool:
     __slots__ = (
         "num_blocks",
         "enable_caching",
-        "ref_cnt",
+        "_rec",
         "_bhash",
-        "_hashed",
-        "_slot",
-        "_ref",
-        "_next",
-        "_prev",
         "num_free",
         "_itab",
         "_imask",
@@ -60,28 +64,24 @@ class BlockPool:
             raise ValueError(f"num_blocks must be at most {MAX_BLOCKS}, got {num_blocks}")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        # Per block: references held (``_ref`` is the same array, typed as a C buffer when
-        # compiled), and the chained hash it carries (``_bhash``, valid where ``_hashed`` is 1;
-        # read them as :attr:`block_hash`).
-        self.ref_cnt = array("i", bytes(4 * num_blocks))
-        self._ref = self.ref_cnt
+        # Per block, one record (``_NEXT``, ``_PREV``, ``_REF``, ``_SLOT``; read the references
+        # as :attr:`ref_cnt` or :meth:`ref_of`): the free queue, head (next to allocate) first,
+        # as vLLM's doubly linked FreeKVCacheBlockQueue with ``num_blocks`` as the sentinel (its
+        # next is the head, its previous the tail; initially 1, 2, ..., N-1); the references
+        # held; the index slot holding the block, so an eviction needs no probe (or
+        # _UNHASHED, _DUPLICATE). Behind 64 replicas a pool's blocks are read cold (63 other
+        # pools ran since), and one record per block is one cache line where a column per
+        # field was one each. The chained hash a block carries: ``_bhash`` (valid unless
+        # _UNHASHED; read them as :attr:`block_hash`).
+        self._rec = array("i", [0, 0, 0, _UNHASHED]) * (num_blocks + 1)
         self._bhash = array("Q", bytes(8 * num_blocks))
-        self._hashed = array("b", bytes(num_blocks))
-        # The index slot holding each block (-1: none; a block under an indexed hash is one of
-        # its duplicates), so an eviction needs no probe.
-        self._slot = array("i", [-1]) * num_blocks
-        # The free queue, head (next to allocate) first: vLLM's doubly linked
-        # FreeKVCacheBlockQueue, as next/previous links with ``num_blocks`` as the sentinel
-        # (its next is the head, its previous the tail); initially 1, 2, ..., N-1.
         sentinel = num_blocks
-        self._next = array("i", [0]) * (num_blocks + 1)
-        self._prev = array("i", [0]) * (num_blocks + 1)
         self._link_in_order()
-        self._next[0] = self._prev[0] = -1  # the null block is never queued
-        self._next[num_blocks - 1] = sentinel
-        self._next[sentinel] = 1
-        self._prev[1] = sentinel
-        self._prev[sentinel] = num_blocks - 1
+        self._rec[_NEXT] = self._rec[_PREV] = -1  # the null block is never queued
+        self._rec[4 * (num_blocks - 1) + _NEXT] = sentinel
+        self._rec[4 * sentinel + _NEXT] = 1
+        self._rec[4 + _PREV] = sentinel
+        self._rec[4 * sentinel + _PREV] = num_blocks - 1
         self.num_free = num_blocks - 1
         # The prefix-cache index, hash -> the first block inserted under it (returned on lookup): an
         # open-addressing table with linear probing over a power-of-two number of slots, at least
@@ -110,41 +110,51 @@ class BlockPool:
     @property
     def block_hash(self) -> list[int | None]:
         """The chained hash each block carries (None: none), by block id."""
-        return [self._bhash[b] if self._hashed[b] else None for b in range(self.num_blocks)]
+        return [self._bhash[b] if self._rec[4 * b + _SLOT] != _UNHASHED else None
+                for b in range(self.num_blocks)]
+
+    @property
+    def ref_cnt(self) -> list[int]:
+        """The references held on each block, by block id (a copy)."""
+        return [self._rec[4 * b + _REF] for b in range(self.num_blocks)]
+
+    def ref_of(self, b: int) -> int:
+        """The references held on block ``b``."""
+        return self._rec[4 * b + _REF]
 
     # -- free queue -------------------------------------------------------------------
     def _link_in_order(self) -> None:
         """Link every slot of the queue columns to its neighbours by id (a C loop when
         compiled: a pool may hold 10^5 blocks and a cluster many pools)."""
         for b in range(self.num_blocks + 1):
-            self._next[b] = b + 1
-            self._prev[b] = b - 1
+            self._rec[4 * b + _NEXT] = b + 1
+            self._rec[4 * b + _PREV] = b - 1
 
     def free_block_ids(self) -> list[int]:
         """The free queue from head (next to allocate) to tail. For tests and debugging."""
         out = []
-        nxt = self._next
-        b = nxt[self.num_blocks]
+        rec = self._rec
+        b = rec[4 * self.num_blocks + _NEXT]
         while b != self.num_blocks:
             out.append(b)
-            b = nxt[b]
+            b = rec[4 * b + _NEXT]
         return out
 
-    # The columns are read through ``self`` rather than local names: a compiled local
+    # The arrays are read through ``self`` rather than local names: a compiled local
     # memoryview would take and drop a reference to its buffer on every call.
     def _unlink(self, b: int) -> None:
-        n, p = self._next[b], self._prev[b]
-        self._next[p] = n
-        self._prev[n] = p
-        self._next[b] = self._prev[b] = -1
+        n, p = self._rec[4 * b + _NEXT], self._rec[4 * b + _PREV]
+        self._rec[4 * p + _NEXT] = n
+        self._rec[4 * n + _PREV] = p
+        self._rec[4 * b + _NEXT] = self._rec[4 * b + _PREV] = -1
 
     def _append(self, b: int) -> None:
         sentinel = self.num_blocks
-        tail = self._prev[sentinel]
-        self._next[tail] = b
-        self._prev[b] = tail
-        self._next[b] = sentinel
-        self._prev[sentinel] = b
+        tail = self._rec[4 * sentinel + _PREV]
+        self._rec[4 * tail + _NEXT] = b
+        self._rec[4 * b + _PREV] = tail
+        self._rec[4 * b + _NEXT] = sentinel
+        self._rec[4 * sentinel + _PREV] = b
 
     # -- prefix-cache index -----------------------------------------------------------
     def _find(self, h: int) -> int:
@@ -181,7 +191,7 @@ class BlockPool:
                 return v & _LOW32
             i = (i + 1) & mask
         self._itab[i] = lo << 32 | b
-        self._slot[b] = i
+        self._rec[4 * b + _SLOT] = i
         self._ilive += 1
         if self.index_listener is not None:
             self.index_listener.indexed(h)
@@ -202,7 +212,7 @@ class BlockPool:
             if (i < home <= j) if i <= j else (home > i or home <= j):
                 continue
             self._itab[i] = v
-            self._slot[v & _LOW32] = i
+            self._rec[4 * (v & _LOW32) + _SLOT] = i
             i = j
         self._itab[i] = _EMPTY
         self._ilive -= 1
@@ -230,26 +240,30 @@ class BlockPool:
         return self._ilive + sum(len(v) for v in self._dupes.values())
 
     def _evict(self, b: int) -> None:
-        if not self._hashed[b]:
+        i = self._rec[4 * b + _SLOT]
+        if i == _UNHASHED:
             return
-        h = self._bhash[b]
-        i = self._slot[b]
-        more = self._dupes.get(h) if self._dupes else None
-        if more is None:  # the only block under h
+        if not self._dupes and self.index_listener is None:
+            # The only block under its hash (a duplicate needs an entry in _dupes), and nobody
+            # to tell: the hash itself is not read.
             self._unindex(i)
-            if self.index_listener is not None:
-                self.index_listener.unindexed(h)
         else:
-            if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
-                nxt = more.pop(0)
-                self._itab[i] = (h & _LOW32) << 32 | nxt
-                self._slot[nxt] = i
+            h = self._bhash[b]
+            more = self._dupes.get(h) if self._dupes else None
+            if more is None:  # the only block under h
+                self._unindex(i)
+                if self.index_listener is not None:
+                    self.index_listener.unindexed(h)
             else:
-                more.remove(b)
-            if not more:
-                del self._dupes[h]
-        self._slot[b] = -1
-        self._hashed[b] = 0
+                if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
+                    nxt = more.pop(0)
+                    self._itab[i] = (h & _LOW32) << 32 | nxt
+                    self._rec[4 * nxt + _SLOT] = i
+                else:
+                    more.remove(b)
+                if not more:
+                    del self._dupes[h]
+        self._rec[4 * b + _SLOT] = _UNHASHED
         self.num_evictions += 1
 
     # -- allocation ---------------------------------------------------------------------
@@ -266,21 +280,21 @@ class BlockPool:
             raise BlockPoolError(f"asked for {n} blocks with only {self.num_free} free")
         sentinel = self.num_blocks
         for i in range(start, start + n):
-            b = self._next[sentinel]
+            b = self._rec[4 * sentinel + _NEXT]
             self._unlink(b)
-            if self._hashed[b]:
+            if self._rec[4 * b + _SLOT] != _UNHASHED:
                 self._evict(b)
-            self._ref[b] = 1
+            self._rec[4 * b + _REF] = 1
             table[i] = b
         self.num_free -= n
 
     def touch(self, blocks: list[int]) -> None:
         """Take a reference on prefix-hit blocks; free ones leave the free queue."""
         for b in blocks:
-            if self._ref[b] == 0:
+            if self._rec[4 * b + _REF] == 0:
                 self._unlink(b)
                 self.num_free -= 1
-            self._ref[b] += 1
+            self._rec[4 * b + _REF] += 1
 
     def free_blocks(self, ordered: list[int]) -> None:
         """Drop one reference on each block; blocks reaching 0 go to the tail in this order."""
@@ -294,10 +308,10 @@ class BlockPool:
         reaching 0 go to the free queue's tail in that order."""
         for i in range(n - 1, -1, -1):
             b = table[i]
-            r = self._ref[b] - 1
+            r = self._rec[4 * b + _REF] - 1
             if r < 0:
                 raise BlockPoolError(f"block {b} freed more often than it was referenced")
-            self._ref[b] = r
+            self._rec[4 * b + _REF] = r
             if r == 0:
                 self._append(b)
                 self.num_free += 1
@@ -309,12 +323,12 @@ class BlockPool:
         under their chained hashes."""
         for i in range(num_cached, num_full):
             b = blocks[i]
-            if self._hashed[b]:
+            if self._rec[4 * b + _SLOT] != _UNHASHED:
                 raise BlockPoolError(f"block {b} cached twice")
             h = block_hashes[i]
             self._bhash[b] = h
-            self._hashed[b] = 1
             if self._index(h, b) != b:  # h already indexed: b joins its duplicates
+                self._rec[4 * b + _SLOT] = _DUPLICATE
                 more = self._dupes.get(h)
                 if more is None:
                     self._dupes[h] = [b]
@@ -338,10 +352,11 @@ class BlockPool:
             raise BlockPoolError(f"free counter {self.num_free} != queue length {len(queue)}")
         if 0 in free:
             raise BlockPoolError("null block on the free queue")
+        ref_cnt = self.ref_cnt
         for b in range(1, self.num_blocks):
-            if counts[b] != self.ref_cnt[b]:
-                raise BlockPoolError(f"block {b}: ref_cnt {self.ref_cnt[b]} != owners {counts[b]}")
-            if (b in free) != (self.ref_cnt[b] == 0):
+            if counts[b] != ref_cnt[b]:
+                raise BlockPoolError(f"block {b}: ref_cnt {ref_cnt[b]} != owners {counts[b]}")
+            if (b in free) != (ref_cnt[b] == 0):
                 raise BlockPoolError(f"block {b}: free-queue membership disagrees with ref_cnt")
         for group in self.cache_groups():
             hashes = self.block_hash
@@ -349,10 +364,11 @@ class BlockPool:
             for b in group:
                 if h is None or hashes[b] != h or self.lookup(h) != group[0]:
                     raise BlockPoolError(f"block {b} indexed under a hash it does not carry")
-            if self._slot[group[0]] != self._find(h) or any(self._slot[b] >= 0 for b in group[1:]):
-                raise BlockPoolError(f"hash of block {group[0]}: slot column disagrees with the index")
+            if (self._rec[4 * group[0] + _SLOT] != self._find(h)
+                    or any(self._rec[4 * b + _SLOT] != _DUPLICATE for b in group[1:])):
+                raise BlockPoolError(f"hash of block {group[0]}: slot field disagrees with the index")
         n_hashed = 0
         for b in range(self.num_blocks):
-            n_hashed += self._hashed[b]
+            n_hashed += self._rec[4 * b + _SLOT] != _UNHASHED
         if n_hashed != self.num_cached_blocks():
             raise BlockPoolError("hashed blocks and the cache index disagree")

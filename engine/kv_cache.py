@@ -181,8 +181,8 @@ class KVCacheManager:
         n = max(_cdiv(need_slots, self.block_size) - (len(hit_blocks) + n_held), 0)
         # Hit blocks sitting on the free list are taken off it by touch(): they use free
         # capacity too (vLLM get_num_blocks_to_allocate).
-        ref = self.pool.ref_cnt
-        n += sum(1 for b in hit_blocks if ref[b] == 0)
+        pool = self.pool
+        n += sum(1 for b in hit_blocks if pool.ref_of(b) == 0)
         return n
 
     def can_fit_full_sequence(self, req: Request, hit_blocks: list[int]) -> bool:

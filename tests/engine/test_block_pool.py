@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_pool import BlockPool
+from engine.block_pool import BlockPool, BlockPoolError
 
 # Few distinct low bits, many high ones (hashes that share a home slot and make long probe
 # runs), at the table's start or at its end (a 12-block pool has 32 slots: runs from slots
@@ -56,6 +56,7 @@ def test_prefix_index_is_a_dict_of_first_blocks(ops) -> None:
         if absent not in model:
             assert pool.lookup(absent) == -1
         assert pool.num_cached_blocks() == sum(len(v) for v in model.values())
+        assert [pool.ref_of(b) for b in range(pool.num_blocks)] == pool.ref_cnt
         pool.check_invariants(held)
 
 
@@ -79,3 +80,23 @@ def test_deleting_from_a_run_that_wraps_keeps_every_hash_found(order) -> None:
             assert pool.lookup(h) == b, (order, h)
         assert pool.lookup(hashes[i]) == -1
         pool.check_invariants([held, taken])
+
+
+def test_a_block_carries_one_hash_until_evicted() -> None:
+    """Caching a block that carries a hash again is refused, as a duplicate too; once the block
+    is evicted (reallocated) it may be cached again. ``ref_cnt`` is a copy."""
+    pool = BlockPool(6)
+    a, b = pool.get_new_blocks(2)
+    pool.cache_full_blocks(array("i", [a, b]), array("Q", [7, 7]), 0, 2)  # b: a duplicate of 7
+    for blk in (a, b):
+        with pytest.raises(BlockPoolError, match="cached twice"):
+            pool.cache_full_blocks(array("i", [blk]), array("Q", [9]), 0, 1)
+    refs = pool.ref_cnt
+    refs[a] = 5
+    assert pool.ref_of(a) == 1
+    pool.free_blocks([b, a])  # b is evicted first, then a
+    again = pool.get_new_blocks(pool.num_free)
+    assert again[-2:] == [b, a] and pool.lookup(7) == -1
+    pool.cache_full_blocks(array("i", [b]), array("Q", [9]), 0, 1)
+    assert pool.lookup(9) == b
+    pool.check_invariants([again])

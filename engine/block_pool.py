@@ -124,8 +124,8 @@ class BlockPool:
 
     # -- free queue -------------------------------------------------------------------
     def _link_in_order(self) -> None:
-        """Link every slot of the queue columns to its neighbours by id (a C loop when
-        compiled: a pool may hold 10^5 blocks and a cluster many pools)."""
+        """Link every block's record, and the sentinel's, to its neighbours by id (a C loop
+        when compiled: a pool may hold 10^5 blocks and a cluster many pools)."""
         for b in range(self.num_blocks + 1):
             self._rec[4 * b + _NEXT] = b + 1
             self._rec[4 * b + _PREV] = b - 1

@@ -243,26 +243,25 @@ class BlockPool:
         i = self._rec[4 * b + _SLOT]
         if i == _UNHASHED:
             return
-        if not self._dupes and self.index_listener is None:
-            # The only block under its hash (a duplicate needs an entry in _dupes), and nobody
-            # to tell: the hash itself is not read.
-            self._unindex(i)
-        else:
+        # The hash is read only where it is needed: without duplicates (a duplicate has an
+        # entry in _dupes) and without a listener, b is the only block under it.
+        more = None
+        if self._dupes:
             h = self._bhash[b]
-            more = self._dupes.get(h) if self._dupes else None
-            if more is None:  # the only block under h
-                self._unindex(i)
-                if self.index_listener is not None:
-                    self.index_listener.unindexed(h)
+            more = self._dupes.get(h)
+        if more is None:  # the only block under its hash
+            self._unindex(i)
+            if self.index_listener is not None:
+                self.index_listener.unindexed(self._bhash[b])
+        else:
+            if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
+                nxt = more.pop(0)
+                self._itab[i] = (h & _LOW32) << 32 | nxt
+                self._rec[4 * nxt + _SLOT] = i
             else:
-                if i >= 0:  # b is the one lookups return: the next duplicate takes its slot
-                    nxt = more.pop(0)
-                    self._itab[i] = (h & _LOW32) << 32 | nxt
-                    self._rec[4 * nxt + _SLOT] = i
-                else:
-                    more.remove(b)
-                if not more:
-                    del self._dupes[h]
+                more.remove(b)
+            if not more:
+                del self._dupes[h]
         self._rec[4 * b + _SLOT] = _UNHASHED
         self.num_evictions += 1
 

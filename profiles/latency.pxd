@@ -29,6 +29,8 @@ cdef class _SkewAlphas:
 
 cdef class _KvFn:
     cpdef double at(self, double kv)
+    @cython.locals(i="long long")
+    cpdef run(self, long long kv0, long long k, double[::1] out)
 
 cdef class _Row(_KvFn):
     cdef double[::1] xs
@@ -37,6 +39,10 @@ cdef class _Row(_KvFn):
     @cython.locals(n=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, i=Py_ssize_t,
                    x0=double, y0=double)
     cpdef double at(self, double kv)
+    @cython.locals(n=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, j=Py_ssize_t,
+                   s=Py_ssize_t, i="long long", kv=double, x0=double, y0=double, first=double,
+                   xs="double[::1]", ys="double[::1]")
+    cpdef run(self, long long kv0, long long k, double[::1] out)
 
 @cython.locals(total=Py_ssize_t, n=Py_ssize_t, at=Py_ssize_t, i=Py_ssize_t, view="double[::1]",
                row=_Row, built=list, xs=tuple, ys=tuple)
@@ -46,11 +52,16 @@ cdef class _Lerp(_KvFn):
     cdef _KvFn a
     cdef _KvFn b
     cdef double t
+    cdef double[::1] _other
     @cython.locals(v0=double)
     cpdef double at(self, double kv)
+    @cython.locals(other="double[::1]", i="long long", v0=double, t=double)
+    cpdef run(self, long long kv0, long long k, double[::1] out)
+
+cpdef long long attention_at(_KvFn fn, double kv)
 
 @cython.locals(v="long long")
-cpdef long long attention_at(_KvFn fn, double kv)
+cpdef long long attention_ns_of(double value)
 
 cdef class _AttentionLookup:
     cdef public object table
@@ -78,9 +89,11 @@ cdef class _AttentionLookup:
 cpdef long long round_even(double x)
 
 @cython.locals(out=list, a=double, i_n=Py_ssize_t, i_rate=Py_ssize_t, i_kp=Py_ssize_t, i_kv=Py_ssize_t,
-               i="long long", t_mean="long long", t_max="long long", v="long long", edge=double)
+               i="long long", t_mean="long long", t_max="long long", v="long long", edge=double,
+               have_maxes=bint)
 cpdef list _decode_run_ns(_KvFn attn, _SkewAlphas skew, double fallback, long long fixed, long long L,
-                          long long nd, long long kv_mean, long long kv_max, double rate, long long k)
+                          long long nd, long long kv_mean, long long kv_max, double rate, long long k,
+                          double[::1] means, double[::1] maxes)
 
 @cython.locals(nd="long long", kv_mean="long long", gap="long long", rate=double)
 cpdef double _skew_rate(shape)
@@ -109,6 +122,8 @@ cdef class ProfiledLatencyModel:
     cdef public dict _tok_cache
     cdef public dict _moe_cache
     cdef public dict _seq_cache
+    cdef double[::1] _means
+    cdef double[::1] _maxes
     cdef object __weakref__
 
     cpdef long long _token_part(self, long long tokens)

@@ -229,6 +229,13 @@ class _KvFn:
     def at(self, kv: float) -> float:
         return 0.0
 
+    def run(self, kv0: int, k: int, out: array) -> None:
+        """``out[i] = self.at(kv0 + i)`` for ``i < k``: the term along a decode span, where
+        the decode KV moves by one token a step (the same floats as ``k`` calls of
+        :meth:`at`, each term's lookups made once for the run)."""
+        for i in range(k):
+            out[i] = 0.0
+
 
 class _Row(_KvFn):
     """One profiled kv_decode row: :func:`interp1d` over its keys, on C doubles when
@@ -257,6 +264,42 @@ class _Row(_KvFn):
         x0 = self.xs[i]
         y0 = self.ys[i]
         return y0 + (kv - x0) / (self.xs[i + 1] - x0) * (self.ys[i + 1] - y0)
+
+    def run(self, kv0: int, k: int, out: array) -> None:
+        """:meth:`at` along a run: the bracket (``j``, the last key at or below the KV, as
+        :meth:`at`'s bisection finds it) is found once and then moved up key by key as the KV
+        passes them; each value is :meth:`at`'s expression on the same bracket."""
+        n = self.n
+        if n <= 1:
+            first = self.ys[0] if n == 1 else 0.0
+            for i in range(k):
+                out[i] = first
+            return
+        xs = self.xs
+        ys = self.ys
+        j = 0
+        if kv0 > xs[0]:
+            lo, hi = 1, n  # bisect_right, as in at()
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if kv0 < xs[mid]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            j = lo - 1
+        for i in range(k):
+            kv = kv0 + i
+            while j + 1 < n and xs[j + 1] <= kv:
+                j += 1
+            if kv <= xs[0]:
+                out[i] = ys[0]
+            elif xs[j] == kv:
+                out[i] = ys[j]
+            else:
+                s = j if j < n - 1 else n - 2
+                x0 = xs[s]
+                y0 = ys[s]
+                out[i] = y0 + (kv - x0) / (xs[s + 1] - x0) * (ys[s + 1] - y0)
 
 
 def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
@@ -289,21 +332,39 @@ def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
 class _Lerp(_KvFn):
     """``a(kv) + t * (b(kv) - a(kv))``: the blend of two terms at weight ``t``."""
 
-    __slots__ = ("a", "b", "t")
+    __slots__ = ("a", "b", "t", "_other")
 
     def __init__(self, a: _KvFn, b: _KvFn, t: float) -> None:
         self.a = a
         self.b = b
         self.t = t
+        self._other = None  # run()'s values of ``b``, made on its first use and grown with k
 
     def at(self, kv: float) -> float:
         v0 = self.a.at(kv)
         return v0 + self.t * (self.b.at(kv) - v0)
 
+    def run(self, kv0: int, k: int, out: array) -> None:
+        if self._other is None or len(self._other) < k:
+            self._other = array("d", bytes(8 * k))
+        other = self._other
+        self.a.run(kv0, k, out)
+        self.b.run(kv0, k, other)
+        t = self.t
+        for i in range(k):
+            v0 = out[i]
+            out[i] = v0 + t * (other[i] - v0)
+
 
 def attention_at(fn: _KvFn, kv: int) -> int:
     """The blend ``fn`` at decode KV ``kv``, truncated to int, at least 1 ns."""
-    v = int(fn.at(kv))
+    return attention_ns_of(fn.at(kv))
+
+
+def attention_ns_of(value: float) -> int:
+    """A value of the attention blend as :func:`attention_at` gives it: truncated to int, at
+    least 1 ns."""
+    v = int(value)
     return v if v > 1 else 1
 
 
@@ -445,15 +506,21 @@ def balanced_routing(total_tokens: int, num_experts: int, top_k: int, ep: int) -
 
 
 def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed: int, L: int,
-                   nd: int, kv_mean: int, kv_max: int, rate: float, k: int) -> list[int]:
+                   nd: int, kv_mean: int, kv_max: int, rate: float, k: int, means: array,
+                   maxes: array) -> list[int]:
     """The body of :meth:`ProfiledLatencyModel.decode_steps_ns`: ``k`` steps of ``nd``
     decodes from mean / max decode KV ``kv_mean`` / ``kv_max`` (each step one token further),
-    ``attn`` the pure-decode blend, ``fixed`` the step's parts that do not move."""
+    ``attn`` the pure-decode blend, ``fixed`` the step's parts that do not move. ``means`` and
+    ``maxes`` (at least ``k`` doubles each) take the blend's values at ``kv_mean + i`` and
+    ``kv_max + i``, evaluated along the run at once (:meth:`_KvFn.run`: what
+    :func:`attention_at` reads, without a bracket search a step)."""
     out: list[int] = []
+    attn.run(kv_mean, k, means)
     if nd <= 1 or kv_max == kv_mean:  # no skew correction anywhere along the run
         for i in range(k):
-            out.append(fixed + L * attention_at(attn, kv_mean + i))
+            out.append(fixed + L * attention_ns_of(means[i]))
         return out
+    have_maxes = False  # evaluated at the first step with a non-zero alpha
     # Along the run the skew rate is constant and only the kv_big bucket of kv_max + i moves:
     # alpha is read by bucket index, again only once kv_max + i passes the bucket's upper edge
     # (bucket_index returns the first bucket whose edge holds the value: until the value
@@ -467,7 +534,7 @@ def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed
         i_kp = bucket_index(0, skew.kp_bins, skew.n_kp)
         edge = -math.inf  # the first step looks its bucket up
     for i in range(k):
-        t_mean = attention_at(attn, kv_mean + i)
+        t_mean = attention_ns_of(means[i])
         if kv_max + i > edge:
             assert skew is not None
             i_kv = bucket_index(kv_max + i, skew.kv_bins, skew.n_kv)
@@ -475,7 +542,10 @@ def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed
             a = skew.alpha_at(0, i_n, i_rate, i_kv, i_kp)
         v = t_mean
         if a != 0:
-            t_max = attention_at(attn, kv_max + i)
+            if not have_maxes:
+                attn.run(kv_max, k, maxes)
+                have_maxes = True
+            t_max = attention_ns_of(maxes[i])
             if t_max > t_mean:
                 v = round_even(t_mean + a * (t_max - t_mean))
                 if v < 1:
@@ -575,6 +645,7 @@ class ProfiledLatencyModel:
         self._tok_cache: dict[int, int] = {}
         self._moe_cache: dict[int, int] = {}
         self._seq_cache: dict[int, int] = {}
+        self._means = self._maxes = array("d")  # decode_steps_ns's scratch
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -729,8 +800,12 @@ class ProfiledLatencyModel:
         if nd == 0:
             return [fixed] * k
         kv_mean = shape.decode_kv_sum // nd  # (sum + i*nd) // nd == sum // nd + i
+        if len(self._means) < k:  # _decode_run_ns's values of the blend, grown with k
+            self._means = array("d", bytes(8 * k))
+            self._maxes = array("d", bytes(8 * k))
         return _decode_run_ns(self._attention.kv_fn(0, 0, nd), self._skew, self._alpha_fallback,
-                              fixed, L, nd, kv_mean, shape.decode_kv_max, _skew_rate(shape), k)
+                              fixed, L, nd, kv_mean, shape.decode_kv_max, _skew_rate(shape), k,
+                              self._means, self._maxes)
 
     def breakdown(self, shape: BatchShape) -> dict[str, int]:
         """Nanoseconds per row name over the whole step (all layers), plus ``host_io``.

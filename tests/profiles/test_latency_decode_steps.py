@@ -69,6 +69,37 @@ def test_measured_bundle(measured, run):
     _check(measured, *run)
 
 
+@st.composite
+def kv_terms(draw):
+    """A profiled row (strictly increasing integer keys, as ``Curve`` keeps them; zero, one or
+    several) or a blend of two, and a run over it: from below the first key to past the last."""
+    from profiles.bundle import Curve
+    from profiles.latency import _Lerp, _rows_of
+
+    def row():
+        keys = draw(st.lists(st.integers(0, 500), unique=True, max_size=8))
+        values = draw(st.lists(st.integers(0, 10**7), min_size=len(keys), max_size=len(keys)))
+        return _rows_of([Curve.build(keys, values)])[0]
+
+    fn = row()
+    if draw(st.booleans()):
+        fn = _Lerp(fn, row(), draw(st.floats(0.0, 1.0)))
+    return fn, draw(st.integers(0, 600)), draw(st.integers(1, 80))
+
+
+@settings(max_examples=400, deadline=None)
+@given(term=kv_terms())
+def test_kv_term_run_is_its_values_at_each_step(term):
+    """``_KvFn.run`` (a decode span's attention values in one pass) gives exactly the floats of
+    one ``at`` call per step, across the first key, on keys, between them and past the last."""
+    from array import array
+
+    fn, kv0, k = term
+    out = array("d", bytes(8 * k))
+    fn.run(kv0, k, out)
+    assert list(out) == [fn.at(kv0 + i) for i in range(k)]
+
+
 def test_prefill_shapes_are_refused(models):
     with pytest.raises(ValueError, match="prefill"):
         models[0].decode_steps_ns(BatchShape(20, 2, 16, 0, 1, 5, 5, 5), 3)

@@ -48,6 +48,8 @@ cdef class _Row(_KvFn):
                row=_Row, built=list, xs=tuple, ys=tuple)
 cpdef tuple _rows_of(object curves)
 
+cdef Py_ssize_t _RUN_SCRATCH
+
 cdef class _Lerp(_KvFn):
     cdef _KvFn a
     cdef _KvFn b

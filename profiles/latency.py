@@ -329,6 +329,12 @@ def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
     return tuple(built)
 
 
+# Steps of a decode run for which each pure-decode blend keeps a buffer of its second term's
+# values (_Lerp.run): runs are mostly a few to a few dozen steps; a blend is kept per n_decode
+# (up to max_num_seqs of them), so a buffer grown to the longest run would hold its memory.
+_RUN_SCRATCH = 256
+
+
 class _Lerp(_KvFn):
     """``a(kv) + t * (b(kv) - a(kv))``: the blend of two terms at weight ``t``."""
 
@@ -338,16 +344,19 @@ class _Lerp(_KvFn):
         self.a = a
         self.b = b
         self.t = t
-        self._other = None  # run()'s values of ``b``, made on its first use and grown with k
+        self._other = None  # run()'s values of ``b`` for runs up to _RUN_SCRATCH steps
 
     def at(self, kv: float) -> float:
         v0 = self.a.at(kv)
         return v0 + self.t * (self.b.at(kv) - v0)
 
     def run(self, kv0: int, k: int, out: array) -> None:
-        if self._other is None or len(self._other) < k:
-            self._other = array("d", bytes(8 * k))
-        other = self._other
+        if k > _RUN_SCRATCH:  # a long run: its own array (small against k steps' work)
+            other = array("d", bytes(8 * k))
+        else:  # the usual short run: this blend's buffer, made on first use
+            if self._other is None:
+                self._other = array("d", bytes(8 * _RUN_SCRATCH))
+            other = self._other
         self.a.run(kv0, k, out)
         self.b.run(kv0, k, other)
         t = self.t

@@ -332,6 +332,8 @@ def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
 # Steps of a decode run for which each pure-decode blend keeps a buffer of its second term's
 # values (_Lerp.run): runs are mostly a few to a few dozen steps; a blend is kept per n_decode
 # (up to max_num_seqs of them), so a buffer grown to the longest run would hold its memory.
+# These buffers, and the model's own two (decode_steps_ns), are written by every call: a model
+# and its blends are for one thread at a time (the engine is single-threaded).
 _RUN_SCRATCH = 256
 
 

@@ -357,8 +357,8 @@ class BlockPool:
                 raise BlockPoolError(f"block {b}: ref_cnt {ref_cnt[b]} != owners {counts[b]}")
             if (b in free) != (ref_cnt[b] == 0):
                 raise BlockPoolError(f"block {b}: free-queue membership disagrees with ref_cnt")
+        hashes = self.block_hash
         for group in self.cache_groups():
-            hashes = self.block_hash
             h = hashes[group[0]]
             for b in group:
                 if h is None or hashes[b] != h or self.lookup(h) != group[0]:

@@ -36,19 +36,20 @@ cdef class _Row(_KvFn):
     cdef double[::1] xs
     cdef double[::1] ys
     cdef Py_ssize_t n
-    @cython.locals(n=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, i=Py_ssize_t,
-                   x0=double, y0=double)
+    @cython.locals(n=Py_ssize_t)
     cpdef double at(self, double kv)
-    @cython.locals(n=Py_ssize_t, lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t, j=Py_ssize_t,
-                   s=Py_ssize_t, i="long long", kv=double, x0=double, y0=double, first=double,
-                   xs="double[::1]", ys="double[::1]")
+    @cython.locals(n=Py_ssize_t, j=Py_ssize_t, i="long long", kv=double, first=double)
     cpdef run(self, long long kv0, long long k, double[::1] out)
+    @cython.locals(lo=Py_ssize_t, hi=Py_ssize_t, mid=Py_ssize_t)
+    cdef inline Py_ssize_t _bracket(self, double kv) noexcept
+    @cython.locals(x0=double, y0=double)
+    cdef inline double _on_bracket(self, Py_ssize_t j, double kv) except? -1
 
 @cython.locals(total=Py_ssize_t, n=Py_ssize_t, at=Py_ssize_t, i=Py_ssize_t, view="double[::1]",
                row=_Row, built=list, xs=tuple, ys=tuple)
 cpdef tuple _rows_of(object curves)
 
-cdef Py_ssize_t _RUN_SCRATCH
+cdef double[::1] _new_run_buffer()
 
 cdef class _Lerp(_KvFn):
     cdef _KvFn a
@@ -90,12 +91,12 @@ cdef class _AttentionLookup:
 @cython.locals(f="long long", d=double)
 cpdef long long round_even(double x)
 
-@cython.locals(out=list, a=double, i_n=Py_ssize_t, i_rate=Py_ssize_t, i_kp=Py_ssize_t, i_kv=Py_ssize_t,
+@cython.locals(a=double, i_n=Py_ssize_t, i_rate=Py_ssize_t, i_kp=Py_ssize_t, i_kv=Py_ssize_t,
                i="long long", t_mean="long long", t_max="long long", v="long long", edge=double,
                have_maxes=bint)
-cpdef list _decode_run_ns(_KvFn attn, _SkewAlphas skew, double fallback, long long fixed, long long L,
-                          long long nd, long long kv_mean, long long kv_max, double rate, long long k,
-                          double[::1] means, double[::1] maxes)
+cpdef _decode_run_ns(_KvFn attn, _SkewAlphas skew, double fallback, long long fixed, long long L,
+                     long long nd, long long kv_mean, long long kv_max, double rate, long long k,
+                     double[::1] means, double[::1] maxes, list out)
 
 @cython.locals(nd="long long", kv_mean="long long", gap="long long", rate=double)
 cpdef double _skew_rate(shape)
@@ -140,5 +141,7 @@ cdef class ProfiledLatencyModel:
     cpdef long long _moe_for_tokens(self, long long total_tokens)
     cpdef long long host_io_ns(self, shape)
     cpdef long long iteration_ns(self, shape)
-    @cython.locals(nd="long long", L="long long", fixed="long long", kv_mean="long long")
+    @cython.locals(nd="long long", L="long long", fixed="long long", kv_mean="long long",
+                   kv_max="long long", attn=_KvFn, rate=double, out=list, first="long long",
+                   piece="long long")
     cpdef list decode_steps_ns(self, shape, long long k)

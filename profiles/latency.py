@@ -247,59 +247,52 @@ class _Row(_KvFn):
         n = self.n
         if n == 0:
             return 0.0
-        if n == 1 or kv <= self.xs[0]:
+        if n == 1:
             return self.ys[0]
-        lo, hi = 1, n  # bisect_right: the first key above kv (xs[0] <= kv)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if kv < self.xs[mid]:
-                hi = mid
-            else:
-                lo = mid + 1
-        i = lo - 1
-        if self.xs[i] == kv:
-            return self.ys[i]
-        if i >= n - 1:
-            i = n - 2
-        x0 = self.xs[i]
-        y0 = self.ys[i]
-        return y0 + (kv - x0) / (self.xs[i + 1] - x0) * (self.ys[i + 1] - y0)
+        return self._on_bracket(self._bracket(kv), kv)
 
     def run(self, kv0: int, k: int, out: array) -> None:
-        """:meth:`at` along a run: the bracket (``j``, the last key at or below the KV, as
-        :meth:`at`'s bisection finds it) is found once and then moved up key by key as the KV
-        passes them; each value is :meth:`at`'s expression on the same bracket."""
+        """:meth:`at` along a run: the bracket is found once and then moved up key by key as
+        the KV passes them; each value is :meth:`_on_bracket`'s, as for :meth:`at`."""
         n = self.n
         if n <= 1:
             first = self.ys[0] if n == 1 else 0.0
             for i in range(k):
                 out[i] = first
             return
-        xs = self.xs
-        ys = self.ys
-        j = 0
-        if kv0 > xs[0]:
-            lo, hi = 1, n  # bisect_right, as in at()
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if kv0 < xs[mid]:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            j = lo - 1
+        j = self._bracket(kv0)
         for i in range(k):
             kv = kv0 + i
-            while j + 1 < n and xs[j + 1] <= kv:
+            while j + 1 < n and self.xs[j + 1] <= kv:
                 j += 1
-            if kv <= xs[0]:
-                out[i] = ys[0]
-            elif xs[j] == kv:
-                out[i] = ys[j]
+            out[i] = self._on_bracket(j, kv)
+
+    def _bracket(self, kv: float) -> int:
+        """The last key at or below ``kv`` (bisect_right - 1; 0 when ``kv <= xs[0]``)."""
+        if kv <= self.xs[0]:
+            return 0
+        lo, hi = 1, self.n  # bisect_right: the first key above kv (xs[0] < kv)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if kv < self.xs[mid]:
+                hi = mid
             else:
-                s = j if j < n - 1 else n - 2
-                x0 = xs[s]
-                y0 = ys[s]
-                out[i] = y0 + (kv - x0) / (xs[s + 1] - x0) * (ys[s + 1] - y0)
+                lo = mid + 1
+        return lo - 1
+
+    def _on_bracket(self, j: int, kv: float) -> float:
+        """The row's value at ``kv`` (two keys at least), ``j`` its :meth:`_bracket`: the
+        first value at or below the first key, a key's own value, else the line through the
+        bracketing pair (the top two above the last key)."""
+        if kv <= self.xs[0]:
+            return self.ys[0]
+        if self.xs[j] == kv:
+            return self.ys[j]
+        if j >= self.n - 1:
+            j = self.n - 2
+        x0 = self.xs[j]
+        y0 = self.ys[j]
+        return y0 + (kv - x0) / (self.xs[j + 1] - x0) * (self.ys[j + 1] - y0)
 
 
 def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
@@ -329,12 +322,18 @@ def _rows_of(curves: Sequence[Curve]) -> tuple[_Row, ...]:
     return tuple(built)
 
 
-# Steps of a decode run for which each pure-decode blend keeps a buffer of its second term's
-# values (_Lerp.run): runs are mostly a few to a few dozen steps; a blend is kept per n_decode
-# (up to max_num_seqs of them), so a buffer grown to the longest run would hold its memory.
-# These buffers, and the model's own two (decode_steps_ns), are written by every call: a model
-# and its blends are for one thread at a time (the engine is single-threaded).
+# Steps of a decode run that the model's buffers and each pure-decode blend's (its second
+# term's values) hold; decode_steps_ns prices a longer run in pieces of this many, so a blend's
+# run() is never asked for more. Runs are mostly a few to a few dozen steps; a blend is kept
+# per n_decode (up to max_num_seqs of them), so buffers grown to the longest run would hold
+# their memory. They are written by every call: a model and its blends are for one thread at
+# a time (the engine is single-threaded).
 _RUN_SCRATCH = 256
+
+
+def _new_run_buffer() -> array:
+    """A buffer for runs of up to ``_RUN_SCRATCH`` values."""
+    return array("d", bytes(8 * _RUN_SCRATCH))
 
 
 class _Lerp(_KvFn):
@@ -346,19 +345,17 @@ class _Lerp(_KvFn):
         self.a = a
         self.b = b
         self.t = t
-        self._other = None  # run()'s values of ``b`` for runs up to _RUN_SCRATCH steps
+        self._other = None  # run()'s values of ``b`` (_new_run_buffer), made on first use
 
     def at(self, kv: float) -> float:
         v0 = self.a.at(kv)
         return v0 + self.t * (self.b.at(kv) - v0)
 
     def run(self, kv0: int, k: int, out: array) -> None:
-        if k > _RUN_SCRATCH:  # a long run: its own array (small against k steps' work)
-            other = array("d", bytes(8 * k))
-        else:  # the usual short run: this blend's buffer, made on first use
-            if self._other is None:
-                self._other = array("d", bytes(8 * _RUN_SCRATCH))
-            other = self._other
+        """(``k`` at most ``_RUN_SCRATCH``.)"""
+        if self._other is None:
+            self._other = _new_run_buffer()
+        other = self._other
         self.a.run(kv0, k, out)
         self.b.run(kv0, k, other)
         t = self.t
@@ -518,19 +515,19 @@ def balanced_routing(total_tokens: int, num_experts: int, top_k: int, ep: int) -
 
 def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed: int, L: int,
                    nd: int, kv_mean: int, kv_max: int, rate: float, k: int, means: array,
-                   maxes: array) -> list[int]:
-    """The body of :meth:`ProfiledLatencyModel.decode_steps_ns`: ``k`` steps of ``nd``
-    decodes from mean / max decode KV ``kv_mean`` / ``kv_max`` (each step one token further),
-    ``attn`` the pure-decode blend, ``fixed`` the step's parts that do not move. ``means`` and
-    ``maxes`` (at least ``k`` doubles each) take the blend's values at ``kv_mean + i`` and
-    ``kv_max + i``, evaluated along the run at once (:meth:`_KvFn.run`: what
-    :func:`attention_at` reads, without a bracket search a step)."""
-    out: list[int] = []
+                   maxes: array, out: list[int]) -> None:
+    """The body of :meth:`ProfiledLatencyModel.decode_steps_ns`: appends to ``out`` the
+    prices of ``k`` (at most ``_RUN_SCRATCH``) steps of ``nd`` decodes from mean / max decode
+    KV ``kv_mean`` / ``kv_max`` (each step one token further), ``attn`` the pure-decode blend,
+    ``fixed`` the step's parts that do not move. ``means`` and ``maxes`` (the model's
+    buffers) take the blend's values at ``kv_mean + i`` and ``kv_max + i``, evaluated along
+    the run at once (:meth:`_KvFn.run`: what :func:`attention_at` reads, without a bracket
+    search a step)."""
     attn.run(kv_mean, k, means)
     if nd <= 1 or kv_max == kv_mean:  # no skew correction anywhere along the run
         for i in range(k):
             out.append(fixed + L * attention_ns_of(means[i]))
-        return out
+        return
     have_maxes = False  # evaluated at the first step with a non-zero alpha
     # Along the run the skew rate is constant and only the kv_big bucket of kv_max + i moves:
     # alpha is read by bucket index, again only once kv_max + i passes the bucket's upper edge
@@ -562,7 +559,6 @@ def _decode_run_ns(attn: _KvFn, skew: _SkewAlphas | None, fallback: float, fixed
                 if v < 1:
                     v = 1
         out.append(fixed + L * v)
-    return out
 
 
 def round_even(x: float) -> int:
@@ -656,7 +652,8 @@ class ProfiledLatencyModel:
         self._tok_cache: dict[int, int] = {}
         self._moe_cache: dict[int, int] = {}
         self._seq_cache: dict[int, int] = {}
-        self._means = self._maxes = array("d")  # decode_steps_ns's scratch
+        self._means = _new_run_buffer()  # decode_steps_ns's values of the blend
+        self._maxes = _new_run_buffer()
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -811,12 +808,16 @@ class ProfiledLatencyModel:
         if nd == 0:
             return [fixed] * k
         kv_mean = shape.decode_kv_sum // nd  # (sum + i*nd) // nd == sum // nd + i
-        if len(self._means) < k:  # _decode_run_ns's values of the blend, grown with k
-            self._means = array("d", bytes(8 * k))
-            self._maxes = array("d", bytes(8 * k))
-        return _decode_run_ns(self._attention.kv_fn(0, 0, nd), self._skew, self._alpha_fallback,
-                              fixed, L, nd, kv_mean, shape.decode_kv_max, _skew_rate(shape), k,
-                              self._means, self._maxes)
+        kv_max = shape.decode_kv_max
+        attn = self._attention.kv_fn(0, 0, nd)
+        rate = _skew_rate(shape)
+        out: list[int] = []
+        piece = _RUN_SCRATCH  # the steps the buffers hold
+        for first in range(0, k, piece):  # step ``first + i`` of the run: KVs + first + i
+            _decode_run_ns(attn, self._skew, self._alpha_fallback, fixed, L, nd, kv_mean + first,
+                           kv_max + first, rate, min(k - first, piece), self._means,
+                           self._maxes, out)
+        return out
 
     def breakdown(self, shape: BatchShape) -> dict[str, int]:
         """Nanoseconds per row name over the whole step (all layers), plus ``host_io``.

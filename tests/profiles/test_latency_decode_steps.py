@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.batch import BatchShape, decode_advanced
-from profiles.latency import ProfiledLatencyModel
+from profiles.latency import _RUN_SCRATCH, ProfiledLatencyModel
 from tests.profiles.test_latency import SKEW, TINY, TINY_MOE, make_model
 
 
@@ -22,7 +22,8 @@ def decode_runs(draw, max_kv: int = 20_000):
     mid = draw(st.integers(lo, hi))
     total = lo + hi + mid * (nd - 2) if nd >= 2 else lo * nd
     shape = BatchShape(nd, nd, 0, 0, nd, total, lo if nd else 0, hi if nd else 0)
-    return shape, draw(st.integers(1, 120))
+    # runs longer than the model's buffers too: priced in pieces of _RUN_SCRATCH steps
+    return shape, draw(st.one_of(st.integers(1, 120), st.integers(250, 600)))
 
 
 def _scalar(model: ProfiledLatencyModel, shape: BatchShape, k: int) -> list[int]:
@@ -84,9 +85,9 @@ def kv_terms(draw):
     fn = row()
     if draw(st.booleans()):
         fn = _Lerp(fn, row(), draw(st.floats(0.0, 1.0)))
-    # runs short and longer than the buffer a blend keeps (profiles.latency._RUN_SCRATCH)
+    # runs short and up to the buffer a blend keeps (profiles.latency._RUN_SCRATCH)
     return fn, draw(st.integers(0, 600)), draw(st.one_of(st.integers(1, 80),
-                                                         st.integers(250, 700)))
+                                                         st.integers(200, _RUN_SCRATCH)))
 
 
 @settings(max_examples=400, deadline=None)

@@ -255,8 +255,8 @@ class _Row(_KvFn):
         """:meth:`at` along a run: the bracket is found once and then moved up key by key as
         the KV passes them; each value is :meth:`_on_bracket`'s, as for :meth:`at`."""
         n = self.n
-        if n <= 1:
-            first = self.ys[0] if n == 1 else 0.0
+        if n <= 1:  # a row of no key or one has one value: at()'s
+            first = self.at(kv0)
             for i in range(k):
                 out[i] = first
             return

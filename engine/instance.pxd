@@ -40,6 +40,16 @@ cdef class SpanPlan:
     cdef public long long wake
     cdef Py_ssize_t _k
     cdef Py_ssize_t _done
+    cdef public list fins
+    cdef public long long counted
+    cdef public list queue
+    cdef public long long last
+    cdef public list durs
+    cdef public long long seg_start
+    cdef public long long seg_end
+    cdef public object shape
+    cdef public list raw
+    cdef public list padded
     @cython.locals(times=list, n=Py_ssize_t, k=Py_ssize_t, d=Py_ssize_t, tk="long long",
                    fins="long long[::1]")
     cpdef long long finished_before(self, long long now_ns)
@@ -73,6 +83,7 @@ cdef class EngineUnit:
     cdef public object deferred
     cdef public long long num_deferred
     cdef public long long num_interrupted
+    cdef public long long num_extended
 
     @cython.locals(c="long long", h="long long")
     cpdef long long _overhead(self, long long t_gpu)
@@ -80,17 +91,21 @@ cdef class EngineUnit:
     cpdef _record(self, Member m, step, long long end_ns)
     @cython.locals(m=Member, end="long long", steps=list, members=list, j=Py_ssize_t)
     cpdef _complete_oldest(self)
-    @cython.locals(sched=Scheduler, span_ok=bint, single=bint, reach=object, j=Py_ssize_t)
+    @cython.locals(sched=Scheduler, span_ok=bint, single=bint, hold=bint, reach=object,
+                   j=Py_ssize_t)
     cpdef poll(self, long long t, object horizon_ns=*, object defer_ns=*)
     cpdef bint _kv_arrived(self)
     cpdef _decode_span(self, long long t, long long horizon)
     cpdef object _end_span(self, tuple done)
-    @cython.locals(sched=Scheduler, times=list, ends=list, queue=list, nq=Py_ssize_t, gpu="long long", durs=list,
-                   last="long long", chunk="long long", i="long long", it="long long", start="long long",
-                   nxt="long long", seg_end="long long", seg_start="long long", k="long long",
-                   group=bint, spans=list, first_prompt=list, j=Py_ssize_t, raw=list, padded=list,
-                   n_s="long long", span=DecodeSpan)
+    @cython.locals(sched=Scheduler, last="long long", group=bint, spans=list, first_prompt=list,
+                   j=Py_ssize_t, n_s="long long", span=DecodeSpan, plan=SpanPlan)
     cpdef _plan_span(self, long long t, long long horizon)
+    @cython.locals(sched=Scheduler, times=list, ends=list, queue=list, nq=Py_ssize_t,
+                   gpu="long long", durs=list, last="long long", chunk="long long",
+                   i="long long", it="long long", start="long long", nxt="long long",
+                   seg_end="long long", seg_start="long long", k="long long", group=bint,
+                   spans=list, span=DecodeSpan)
+    cpdef _price(self, SpanPlan plan, long long horizon)
     @cython.locals(end="long long", seg_end="long long", j=Py_ssize_t, busy=bint, span=DecodeSpan)
     cpdef long long _group_segment(self, list spans, long long i, list raw, list padded)
     @cython.locals(out=list, j=Py_ssize_t, r=Py_ssize_t, c="long long", prices=list)
@@ -101,10 +116,15 @@ cdef class EngineUnit:
                    done_v="long long[::1]",
                    prompt=object, steps=list, span=DecodeSpan)
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
-    @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long", fins=list, p=Py_ssize_t, all_ends=list,
-                   fin="long long[::1]", room="long long[::1]", last_op="long long",
-                   span=DecodeSpan)
     cpdef bint _hold(self, SpanPlan plan)
+    @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long",
+                   queue=list, span=DecodeSpan, more=list)
+    cpdef bint _wake_of(self, SpanPlan plan)
+    @cython.locals(n_times=Py_ssize_t, n_ends=Py_ssize_t)
+    cpdef bint _extend(self, SpanPlan plan, long long t, long long horizon_ns,
+                       long long defer_ns)
+    @cython.locals(reach="long long")
+    cpdef long long _reach(self, long long t, long long horizon_ns, long long defer_ns)
     cpdef interrupt(self, long long t)
 
 @cython.locals(running="long long", sched=Scheduler, deferred=SpanPlan)

@@ -38,14 +38,18 @@ decode queue) every step is simulated.
 
 Deferred spans (one engine core per unit): behind a router that reads no more of an instance
 than its load (several replicas, no API servers, no P/D), every send would otherwise bound
-every unit's span, though it reaches one unit. There the caller passes ``defer_ns`` too, and the unit plans its span up
-to about ``_DEFER_STEPS`` steps past the next send and holds it unrun (:class:`SpanPlan`):
-when its free blocks serve every block boundary the span crosses, which operations the span
-runs, which requests finish at which completion and when the unit next needs attention are
-known before it runs. The router reads the load at the send from the plan
-(:meth:`Member.load`); a send that reaches the unit first calls :meth:`EngineUnit.interrupt`,
-which runs the operations before the send, as a span bounded by it would. Any horizon gives
-the step-by-step result, so this one does too (``tests/engine/test_fast_forward.py``).
+every unit's span, though it reaches one unit. There the caller passes ``defer_ns`` too, and
+the unit plans its span about ``_DEFER_STEPS`` steps ahead (at least to the next send) and
+holds it unrun (:class:`SpanPlan`): when its free blocks serve every block boundary the span
+crosses, which operations the span runs, which requests finish at which completion and when
+the unit next needs attention are known before it runs. The router reads the load at the
+send from the plan (:meth:`Member.load`); a send that reaches the unit first calls
+:meth:`EngineUnit.interrupt`, which runs the operations before the send, as a span bounded
+by it would. A plan that reaches its wake untouched is priced further and held on
+(:meth:`EngineUnit._extend`) rather than run and planned again, so a span is run once, when
+a send reaches the unit or the span ends, and only the stretch past that send is priced for
+nothing. Any horizon gives the step-by-step result, so this one does too
+(``tests/engine/test_fast_forward.py``).
 """
 
 from __future__ import annotations
@@ -60,17 +64,20 @@ from engine.batch import BatchShape, LatencyModel, decode_advanced
 from engine.deployment import DpPad
 from engine.kv_cache import KVCacheManager
 from engine.request import Request, RequestStatus
-from engine.scheduler import DecodeSpan, ScheduledStep, Scheduler, SpanOutcome
+from engine.scheduler import DecodeSpan, ScheduledStep, Scheduler, SpanOutcome, span_finishes
 
 FAST_FORWARD = True  # the default of EngineUnit.fast_forward
 _NO_ROUND = 1 << 62  # a span round no span reaches
 _MAX_CHUNK = 1 << 20  # decode-span steps priced at once, at most (C ints: no doubling overflow)
-# A deferred span (EngineUnit.poll's defer_ns) is planned about this many steps ahead; a send
-# that reaches the unit first makes the rest of the plan wasted pricing, a shorter plan costs
-# a restart (steady_decode and the bulk advance, passes over the running requests). Measured
-# (callgrind, 64 replicas x 100 requests of benchmarks/engine_scale.py's load): 12 and 48
-# steps cost 9.5 % and 5.6 % more instructions than 24. (Results never depend on it.)
-_DEFER_STEPS = 24
+# A deferred span (EngineUnit.poll's defer_ns) is priced about this many steps past its next
+# completion, and as far again each time it reaches its wake untouched (EngineUnit._extend);
+# a send that reaches the unit first makes the rest of the plan wasted pricing, a shorter
+# stretch costs more extensions (a pass over the running requests for the block check, a
+# wake). Measured (callgrind, benchmarks/engine_scale.py's load, 8,000 requests; instructions
+# in millions, 2 / 8 replicas): 4 steps 3,260 / 3,466, 8 steps 3,307 / 3,394, 12 steps
+# 3,411 (8 replicas), 16 steps 3,458 (8 replicas); before extension (24 steps, each plan run
+# at its wake) 3,614 / 3,652. (Results never depend on it.)
+_DEFER_STEPS = 8
 # Steps a StepLog holds before moving them to its arrays, at first; the pending arrays double
 # (up to _PENDING_MAX) while the columns hold at least twice as many, so a column grows by
 # moves of at least half its length: a logarithmic number of reallocations, each of which may
@@ -401,24 +408,45 @@ class LoadBoard:
 class SpanPlan:
     """A steady decode span planned by :meth:`EngineUnit._plan_span` and not yet run: each
     member's span (None for a DP member with no requests, which runs dummy batches), the
-    schedule and completion times (``times[i]``: when C_i and S_i happen), each schedule's
-    end, each member's prompt tokens in the step in flight, and what the caller needs before it
-    runs: the completions ending requests (for :meth:`finished_before`) and when the unit next
-    needs attention if it runs whole."""
+    schedule and completion times priced so far (``times[i]``: when C_i and S_i happen), each
+    schedule's end, each member's prompt tokens in the step in flight, and what the caller
+    needs before it runs: the completions ending requests (for :meth:`finished_before`) and
+    when the unit next needs attention if it runs as priced.
+
+    The rest is where the pricing stopped, so that :meth:`EngineUnit._price` can go on from
+    there (a held plan extended past its wake: :meth:`EngineUnit._extend`): the steps in flight
+    before the span (their ends), the span's limit (its last completion), the step latencies
+    priced (``durs``, possibly ahead of ``ends``) and the current segment of schedules that
+    hold the same requests (``seg_start`` .. ``seg_end - 1``, its batch ``shape`` for one
+    member; ``raw`` / ``padded`` for a DP group, as :meth:`EngineUnit._group_segment` fills
+    them)."""
 
     __slots__ = ("spans", "times", "ends", "first_prompt", "finish_at_c", "wake",
-                 "_k", "_done")
+                 "_k", "_done", "fins", "counted", "queue", "last", "durs", "seg_start",
+                 "seg_end", "shape", "raw", "padded")
 
-    def __init__(self, spans: list[DecodeSpan | None], times: list[int], ends: list[int],
-                 first_prompt: list[int]) -> None:
+    def __init__(self, spans: list[DecodeSpan | None], times: list[int],
+                 first_prompt: list[int], queue: list[int], last: int) -> None:
         self.spans = spans
         self.times = times
-        self.ends = ends
+        self.ends: list[int] = []
         self.first_prompt = first_prompt
-        self.finish_at_c: array = array("q")  # sorted: the completion each finisher ends at
+        # Sorted: the completion each finisher ends at, for the completions the plan runs
+        # (C_1 .. C_counted; the same list in ``fins``).
+        self.finish_at_c: array = array("q")
+        self.fins: list[int] = []
+        self.counted = 0
         self.wake = 0
         self._k = 0  # completions before the last time asked (times[1 .. _k] < it)
         self._done = 0  # finishes at those completions
+        self.queue = queue
+        self.last = last
+        self.durs: list[int] = []
+        self.seg_start = 0
+        self.seg_end = 0
+        self.shape: BatchShape | None = None
+        self.raw: list[BatchShape | None] = []
+        self.padded: list[BatchShape | None] = []
 
     def finished_before(self, now_ns: int) -> int:
         """Requests of the span that finish at a completion before ``now_ns`` (C_1 .. C_k
@@ -486,8 +514,11 @@ class EngineUnit:
         self.waiting_for: int | None = None
         self._span_step_ns = 0  # the first step's latency in the last decode span
         self.deferred: SpanPlan | None = None  # a span planned and held unrun (see poll)
-        self.num_deferred = 0  # spans held unrun, and how many of them a send interrupted
+        # Spans held unrun, how many of them a send interrupted, and how many times a held
+        # span was priced further at its wake (_extend)
+        self.num_deferred = 0
         self.num_interrupted = 0
+        self.num_extended = 0
 
     # -- helpers ---------------------------------------------------------------------------
     def _admit_arrived_kv(self, m: Member) -> None:
@@ -584,6 +615,9 @@ class EngineUnit:
         if plan is not None:
             if t < plan.wake:
                 return plan.wake
+            if (defer_ns is not None and horizon_ns is not None
+                    and self._extend(plan, t, horizon_ns, defer_ns)):
+                return plan.wake
             self.deferred = None
             self.members[0].deferred = None
             done = self._run_span(plan, len(plan.times))
@@ -605,23 +639,21 @@ class EngineUnit:
                     span_ok = False
         single = len(members) == 1
         while True:
-            # How far a span may be planned: past the sends up to defer_ns when held unrun,
-            # about _DEFER_STEPS steps of the last span (the part a send interrupts is priced
-            # for nothing). A DP group's span is bounded by the horizon (Member.load reads
-            # one member's plan).
+            # How far a span may be planned: past the sends up to defer_ns when held unrun
+            # (_reach: the part a send interrupts is priced for nothing; a held plan is priced
+            # further at its wake). A DP group's span is bounded by the horizon (Member.load
+            # reads one member's plan).
             reach = horizon_ns
-            if span_ok and single and defer_ns is not None and self._span_step_ns:
-                reach = t + _DEFER_STEPS * self._span_step_ns
-                if reach > defer_ns:
-                    reach = defer_ns
-                if reach < horizon_ns:  # type: ignore[operator]
-                    reach = horizon_ns
+            hold = span_ok and single and defer_ns is not None and self._span_step_ns > 0
+            if hold:  # from the next completion on (a plan of S_0 alone is held too)
+                reach = self._reach(inflight[0][1] if inflight else t, horizon_ns,
+                                    defer_ns)  # type: ignore[arg-type]
             # A span whose next completion comes at or after the horizon would be one schedule
             # (S_0) only: an ordinary schedule is the same and cheaper.
             if (span_ok and t < horizon_ns  # type: ignore[operator]
                     and not (inflight and inflight[0][1] >= reach)
                     and not self._kv_arrived()):
-                if reach == horizon_ns:
+                if not hold:
                     done = self._decode_span(t, horizon_ns)  # type: ignore[arg-type]
                 else:
                     done = None
@@ -725,45 +757,70 @@ class EngineUnit:
             for span in spans:
                 if span is not None:
                     span.max_completions = last
-            raw: list[BatchShape | None] = []  # each member's batch at the segment's start
-            padded: list[BatchShape | None] = []  # ... lined up by dp_pad
-        else:
+        # The steps in flight, oldest first: those before the span (their ends), then the
+        # span's schedules (``plan.ends``); C_{i+1} completes the (i+1)-th of them.
+        plan = SpanPlan(spans, [t], first_prompt, [e for _, e in inflight], last)
+        self._price(plan, horizon)
+        if group:
+            n_s = (members[0].scheduler.span_ops(lead, len(plan.times)) + 1) // 2
+            for j in range(len(members)):
+                span = spans[j]
+                if span is not None and not members[j].scheduler.span_blocks_serve(span, n_s):
+                    return None
+        self._span_step_ns = max(plan.durs[0], 1)
+        return plan
+
+    def _price(self, plan: SpanPlan, horizon: int) -> None:
+        """Price ``plan``'s schedules from where its pricing stopped (S_0 for a new plan) while
+        their times stay before ``horizon`` and the span's limit allows: ``times[i] = T_i``,
+        the poll at which S_i (and C_i, i >= 1) happen, ``ends[i]``: S_i's end, when the GPU
+        is free after it (pp = 1). A new plan is priced to its first horizon; a held one may
+        be priced further later (:meth:`_extend`), with the same integers as if priced at
+        once."""
+        members = self.members
+        group = len(members) > 1
+        spans = plan.spans
+        times = plan.times
+        ends = plan.ends
+        durs = plan.durs
+        queue = plan.queue
+        nq = len(queue)
+        last = plan.last
+        i = len(ends)  # the next schedule to price
+        if i:  # S_{i-1} was priced: is C_i (and S_i) before the horizon?
+            if i - 1 == last:
+                return
+            nxt = queue[i - 1] if i - 1 < nq else ends[i - 1 - nq]
+            if nxt >= horizon:
+                return
+            times.append(nxt)
+        gpu = ends[i - 1] if i else self.gpu_free_at
+        if not group:
             span = spans[0]
             sched = members[0].scheduler
             lat = members[0].latency
-        # times[i] = T_i, the poll at which S_i (and C_i, i >= 1) happen, while before the
-        # horizon; ends[i]: S_i's end, when the GPU is free after it (pp = 1).
-        times = [t]
-        ends: list[int] = []
-        # The steps in flight, oldest first: those before the span (their ends), then the
-        # span's schedules (``ends``); C_{i+1} completes the (i+1)-th of them.
-        queue = [e for _, e in inflight]
-        nq = len(queue)
-        gpu = self.gpu_free_at
-        durs: list[int] = []
         # Latencies are priced in chunks, each within one segment of schedules that hold the
         # same requests: first about as many steps as the last span's step length says fit
         # before the horizon.
-        chunk = (horizon - t) // self._span_step_ns + 2 if self._span_step_ns else 8
+        chunk = (horizon - times[i]) // self._span_step_ns + 2 if self._span_step_ns else 8
         if chunk > _MAX_CHUNK:
             chunk = _MAX_CHUNK
-        seg_end = 0  # the first schedule beyond the current segment
-        seg_start = 0
-        shape = None
-        i = 0
+        seg_end = plan.seg_end  # the first schedule beyond the current segment
+        seg_start = plan.seg_start
         while True:
             if group and i == len(durs):
                 if i >= seg_end:  # a segment of the group: no member's requests change in it
-                    seg_end = self._group_segment(spans, i, raw, padded)
+                    seg_end = self._group_segment(spans, i, plan.raw, plan.padded)
                     seg_start = i
                 k = min(chunk, last + 1 - i, seg_end - i)
-                durs.extend(self._group_rounds_ns(raw, padded, i - seg_start, k))
+                durs.extend(self._group_rounds_ns(plan.raw, plan.padded, i - seg_start, k))
                 if chunk < _MAX_CHUNK:
                     chunk *= 2
             elif i == len(durs):
                 if i >= seg_end:
-                    shape, seg_end = sched.span_segment(span, i)
+                    plan.shape, seg_end = sched.span_segment(span, i)
                     seg_start = i
+                shape = plan.shape
                 k = min(chunk, last + 1 - i, seg_end - i)
                 if shape.num_seqs:
                     durs.extend(_decode_latencies(lat, shape, i - seg_start, k))
@@ -780,14 +837,8 @@ class EngineUnit:
                 break
             times.append(nxt)
             i += 1
-        if group:
-            n_s = (members[0].scheduler.span_ops(lead, len(times)) + 1) // 2
-            for j in range(len(members)):
-                span = spans[j]
-                if span is not None and not members[j].scheduler.span_blocks_serve(span, n_s):
-                    return None
-        self._span_step_ns = max(durs[0], 1)
-        return SpanPlan(spans, times, ends, first_prompt)
+        plan.seg_start = seg_start
+        plan.seg_end = seg_end
 
     def _group_segment(self, spans: list[DecodeSpan | None], i: int,
                        raw: list[BatchShape | None], padded: list[BatchShape | None]) -> int:
@@ -920,36 +971,70 @@ class EngineUnit:
     # -- deferred spans ------------------------------------------------------------------
     def _hold(self, plan: SpanPlan) -> bool:
         """Hold ``plan`` unrun (see :meth:`poll`'s ``defer_ns``) if the operations it runs
-        whole are known now: with enough free blocks for every block boundary it crosses,
-        :meth:`engine.scheduler.Scheduler.decode_span` stops only at the span's limit or past
-        its times. Sets the plan's finishes (for :meth:`Member.load`) and its wake: when the
-        unit next needs attention if nothing reaches it first."""
-        m = self.members[0]
-        sched = m.scheduler
+        as priced are known now (:meth:`_wake_of`). Sets the plan's finishes (for
+        :meth:`Member.load`) and its wake: when the unit next needs attention if nothing
+        reaches it first."""
+        if not self._wake_of(plan):
+            return False
+        self.deferred = plan
+        self.members[0].deferred = plan
+        self.num_deferred += 1
+        return True
+
+    def _wake_of(self, plan: SpanPlan) -> bool:
+        """Set the wake of a plan held (or to be held) unrun, when the unit next needs
+        attention if it runs as priced, and its finishes (for :meth:`Member.load`). False when
+        its operations are not known now: only with enough free blocks for every block
+        boundary its schedules cross does :meth:`engine.scheduler.Scheduler.decode_span` stop
+        at the span's limit or past its times, and nowhere before."""
+        sched = self.members[0].scheduler
         span = plan.spans[0]
         ops = sched.span_ops(span, len(plan.times))
         n_s = (ops + 1) // 2
         n_c = ops // 2
         if not sched.span_blocks_serve(span, n_s):
             return False
-        fins = []
-        fin, room = span.fin, span.room
-        last_op = n_c * 2
-        for p in range(len(fin)):
-            if fin[p] < last_op:  # its final completion C_room is one of the plan's
-                fins.append(room[p])
-        fins.sort()
-        plan.finish_at_c = array("q", fins)
         if ops % 2 == 1:  # ends with a schedule: then the oldest step in flight completes
-            all_ends = [e for _, e in self.inflight]
-            all_ends.extend(plan.ends[:n_s])
-            plan.wake = all_ends[n_c]
+            queue = plan.queue
+            plan.wake = queue[n_c] if n_c < len(queue) else plan.ends[n_c - len(queue)]
         else:  # ends with a completion (async, at the span's limit): the next schedule is due
             plan.wake = plan.times[n_c]
-        self.deferred = plan
-        m.deferred = plan
-        self.num_deferred += 1
+        if n_c > plan.counted:
+            more = span_finishes(span, plan.counted, n_c)
+            if more:
+                plan.fins.extend(more)
+                plan.finish_at_c = array("q", plan.fins)
+            plan.counted = n_c
         return True
+
+    def _extend(self, plan: SpanPlan, t: int, horizon_ns: int, defer_ns: int) -> bool:
+        """The held ``plan`` reached its wake ``t`` untouched (no send reached the unit): price
+        it further, to the reach a new plan at ``t`` would have (:meth:`_reach`), and keep it
+        held, instead of running it and planning the same span again from its end (any
+        horizon gives the step-by-step result). False, the plan as it was, when it cannot
+        go on: at the span's limit, or without the free blocks its longer run needs."""
+        n_times = len(plan.times)
+        n_ends = len(plan.ends)
+        if n_ends - 1 == plan.last:
+            return False
+        self._price(plan, self._reach(t, horizon_ns, defer_ns))
+        if len(plan.ends) == n_ends or not self._wake_of(plan):
+            del plan.times[n_times:]
+            del plan.ends[n_ends:]
+            return False
+        self.num_extended += 1
+        return True
+
+    def _reach(self, t: int, horizon_ns: int, defer_ns: int) -> int:
+        """How far a span held unrun is priced, from its next completion at ``t``: about
+        _DEFER_STEPS steps of the last span (a send that reaches the unit before makes the
+        rest priced for nothing), between the horizon and ``defer_ns``."""
+        reach = t + _DEFER_STEPS * self._span_step_ns
+        if reach > defer_ns:
+            reach = defer_ns
+        if reach < horizon_ns:
+            reach = horizon_ns
+        return reach
 
     def interrupt(self, t: int) -> int | None:
         """A send reaches this unit at ``t`` while a deferred span is held: run the span's

@@ -21,6 +21,9 @@ cdef inline long long _schedules_of(long long stop, long long n_s)
 @cython.locals(m="long long", p=Py_ssize_t)
 cdef long long _first_due(long long[::1] next_s, long long[::1] next_u, long long[::1] fin)
 
+@cython.locals(p=Py_ssize_t, fin="long long[::1]", room="long long[::1]", out=list, c="long long")
+cpdef list span_finishes(DecodeSpan span, long long after, long long upto)
+
 cdef class DecodeSpan:
     cdef public long long max_completions
     cdef public long long lag

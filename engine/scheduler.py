@@ -150,6 +150,21 @@ def _first_due(next_s: array, next_u: array, fin: array) -> int:
     return m
 
 
+def span_finishes(span: DecodeSpan, after: int, upto: int) -> list[int]:
+    """The completions at which the requests that finish in ``span`` end (C_room for each),
+    those from C_{after + 1} to C_upto, sorted (read before :meth:`Scheduler.decode_span`
+    runs the span)."""
+    fin, room = span.fin, span.room
+    out = []
+    for p in range(len(fin)):
+        if fin[p] != _NO_OP:
+            c = room[p]
+            if after < c <= upto:
+                out.append(c)
+    out.sort()
+    return out
+
+
 class ScheduledStep:
     """One engine step: who runs, how many tokens each, and whether it samples a token.
 

@@ -289,8 +289,9 @@ def test_dp_group_spans_equal_step_by_step(shared_data, monkeypatch, pad, async_
 @pytest.mark.parametrize("router", ["least_loaded", "round_robin", "random"])
 def test_replicas_hold_spans_past_sends(shared_data, monkeypatch, router):
     """Eight replicas of the measured bundle behind a router: a unit plans its span past the
-    sends the router gives to others and holds it unrun; a send that reaches it runs only
-    the part before the send. The same result as step by step, and spans were held."""
+    sends the router gives to others and holds it unrun, priced further each time it reaches
+    its wake untouched; a send that reaches it runs only the part before the send. The same
+    result as step by step, and spans were held, extended and interrupted."""
     from profiles.bundle import load_bundle
     from profiles.latency import ProfiledLatencyModel
 
@@ -305,4 +306,6 @@ def test_replicas_hold_spans_past_sends(shared_data, monkeypatch, router):
     _assert_same(slow, fast, us, uf)
     deferred = sum(u.num_deferred for u in uf)
     interrupted = sum(u.num_interrupted for u in uf)
-    assert deferred > interrupted > 0, (deferred, interrupted)
+    extended = sum(u.num_extended for u in uf)
+    assert deferred >= interrupted > 0, (deferred, interrupted)
+    assert extended > 0, extended

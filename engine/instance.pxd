@@ -104,7 +104,7 @@ cdef class EngineUnit:
                    gpu="long long", durs=list, last="long long", chunk="long long",
                    i="long long", it="long long", start="long long", nxt="long long",
                    seg_end="long long", seg_start="long long", k="long long", group=bint,
-                   spans=list, span=DecodeSpan)
+                   spans=list, span=DecodeSpan, t_i="long long")
     cpdef _price(self, SpanPlan plan, long long horizon)
     @cython.locals(end="long long", seg_end="long long", j=Py_ssize_t, busy=bint, span=DecodeSpan)
     cpdef long long _group_segment(self, list spans, long long i, list raw, list padded)

@@ -434,7 +434,7 @@ class SpanPlan:
         # Sorted: the completion each finisher ends at, for the completions the plan runs
         # (C_1 .. C_counted; the same list in ``fins``).
         self.finish_at_c: array = array("q")
-        self.fins: list[int] = []
+        self.fins: list[int] | None = None
         self.counted = 0
         self.wake = 0
         self._k = 0  # completions before the last time asked (times[1 .. _k] < it)
@@ -445,8 +445,8 @@ class SpanPlan:
         self.seg_start = 0
         self.seg_end = 0
         self.shape: BatchShape | None = None
-        self.raw: list[BatchShape | None] = []
-        self.padded: list[BatchShape | None] = []
+        self.raw: list[BatchShape | None] | None = None  # (made for a DP group's first segment)
+        self.padded: list[BatchShape | None] | None = None
 
     def finished_before(self, now_ns: int) -> int:
         """Requests of the span that finish at a completion before ``now_ns`` (C_1 .. C_k
@@ -802,7 +802,8 @@ class EngineUnit:
         # Latencies are priced in chunks, each within one segment of schedules that hold the
         # same requests: first about as many steps as the last span's step length says fit
         # before the horizon.
-        chunk = (horizon - times[i]) // self._span_step_ns + 2 if self._span_step_ns else 8
+        t_i = times[i]
+        chunk = (horizon - t_i) // self._span_step_ns + 2 if self._span_step_ns else 8
         if chunk > _MAX_CHUNK:
             chunk = _MAX_CHUNK
         seg_end = plan.seg_end  # the first schedule beyond the current segment
@@ -810,6 +811,9 @@ class EngineUnit:
         while True:
             if group and i == len(durs):
                 if i >= seg_end:  # a segment of the group: no member's requests change in it
+                    if plan.raw is None:
+                        plan.raw = []
+                        plan.padded = []
                     seg_end = self._group_segment(spans, i, plan.raw, plan.padded)
                     seg_start = i
                 k = min(chunk, last + 1 - i, seg_end - i)
@@ -829,7 +833,8 @@ class EngineUnit:
                 if chunk < _MAX_CHUNK:
                     chunk *= 2
             it = durs[i]
-            start = times[i] if times[i] > gpu else gpu
+            t_i = times[i]
+            start = t_i if t_i > gpu else gpu
             gpu = start + it + self._overhead(it)
             ends.append(gpu)
             nxt = queue[i] if i < nq else ends[i - nq]  # C_{i+1}: the oldest in flight completes
@@ -1002,7 +1007,10 @@ class EngineUnit:
         if n_c > plan.counted:
             more = span_finishes(span, plan.counted, n_c)
             if more:
-                plan.fins.extend(more)
+                if plan.fins is None:
+                    plan.fins = more
+                else:
+                    plan.fins.extend(more)
                 plan.finish_at_c = array("q", plan.fins)
             plan.counted = n_c
         return True

@@ -42,6 +42,7 @@ cdef class SpanPlan:
     cdef Py_ssize_t _done
     cdef public list fins
     cdef public long long counted
+    cdef public long long served
     cdef public list queue
     cdef public long long last
     cdef public list durs
@@ -118,7 +119,7 @@ cdef class EngineUnit:
     cpdef _run_span(self, SpanPlan plan, Py_ssize_t n_times)
     cpdef bint _hold(self, SpanPlan plan)
     @cython.locals(sched=Scheduler, ops="long long", n_s="long long", n_c="long long",
-                   queue=list, span=DecodeSpan, more=list)
+                   queue=list, span=DecodeSpan, more=list, whole="long long")
     cpdef bint _wake_of(self, SpanPlan plan)
     @cython.locals(n_times=Py_ssize_t, n_ends=Py_ssize_t)
     cpdef bint _extend(self, SpanPlan plan, long long t, long long horizon_ns,

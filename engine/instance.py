@@ -422,7 +422,7 @@ class SpanPlan:
     them)."""
 
     __slots__ = ("spans", "times", "ends", "first_prompt", "finish_at_c", "wake",
-                 "_k", "_done", "fins", "counted", "queue", "last", "durs", "seg_start",
+                 "_k", "_done", "fins", "counted", "served", "queue", "last", "durs", "seg_start",
                  "seg_end", "shape", "raw", "padded")
 
     def __init__(self, spans: list[DecodeSpan | None], times: list[int],
@@ -436,6 +436,7 @@ class SpanPlan:
         self.finish_at_c: array = array("q")
         self.fins: list[int] | None = None
         self.counted = 0
+        self.served = 0  # schedules S_0 .. S_{served - 1} the free blocks are known to serve
         self.wake = 0
         self._k = 0  # completions before the last time asked (times[1 .. _k] < it)
         self._done = 0  # finishes at those completions
@@ -997,8 +998,17 @@ class EngineUnit:
         ops = sched.span_ops(span, len(plan.times))
         n_s = (ops + 1) // 2
         n_c = ops // 2
-        if not sched.span_blocks_serve(span, n_s):
-            return False
+        if n_s > plan.served:
+            # Nothing changes the free blocks while the plan is held: check the whole span
+            # once (its limit's schedules; the free blocks usually serve it), so that an
+            # extension needs no check of its own.
+            whole = (sched.span_ops(span, span.max_completions + 1) + 1) // 2
+            if sched.span_blocks_serve(span, whole):
+                plan.served = whole
+            elif sched.span_blocks_serve(span, n_s):
+                plan.served = n_s
+            else:
+                return False
         if ops % 2 == 1:  # ends with a schedule: then the oldest step in flight completes
             queue = plan.queue
             plan.wake = queue[n_c] if n_c < len(queue) else plan.ends[n_c - len(queue)]

@@ -1033,8 +1033,7 @@ class EngineUnit:
         go on: at the span's limit, or without the free blocks its longer run needs."""
         n_times = len(plan.times)
         n_ends = len(plan.ends)
-        if n_ends - 1 == plan.last:
-            return False
+        # (At the span's limit _price prices nothing: the plan is returned as it was.)
         self._price(plan, self._reach(t, horizon_ns, defer_ns))
         if len(plan.ends) == n_ends or not self._wake_of(plan):
             del plan.times[n_times:]

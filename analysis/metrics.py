@@ -45,9 +45,10 @@ the last bits).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -77,6 +78,8 @@ THROUGHPUT_KEYS = (
 METRIC_KEYS = tuple(f"{m}_ms_{s}" for m in LATENCY_METRICS for s in STATISTICS) + THROUGHPUT_KEYS
 
 _NS_PER_MS = 1e6
+# Token times a batch of ``_itl_gaps`` differences at most (one request's may exceed it).
+_GAP_BATCH = 1 << 16
 
 # view -> (start, first token, finish, token times) columns
 VIEWS = {
@@ -133,40 +136,70 @@ def counted_statistic(values: np.ndarray, counts: np.ndarray, stat: str) -> floa
             total = sum(int(v) * int(c) for v, c in zip(values, counts, strict=True))
             return float(total / n)
         return float(np.dot(values.astype(np.float64), counts.astype(np.float64)) / n)
+    return _order_statistic(n, at, stat)
+
+
+def _order_indexes(n: int, stats: Sequence[str]) -> list[int]:
+    """The order statistics (0-based ranks, ascending) that ``_order_statistic`` reads for
+    each of ``stats`` (not ``mean``) of a sample of ``n`` > 0 values."""
+    ranks: set[int] = set()
+    for stat in stats:
+        if stat == "median":
+            ranks.update((n // 2,) if n % 2 else (n // 2 - 1, n // 2))
+            continue
+        vi = (n - 1) * (percentile_of(stat) / 100)
+        lo = math.floor(vi)
+        ranks.update((n - 1,) if vi >= n - 1 else (lo, lo + 1))
+    return sorted(ranks)
+
+
+def _order_statistic(n: int, at: Callable[[int], Any], stat: str) -> float:
+    """``np.median`` or ``np.percentile`` (``stat``: ``median``, ``p<q>``) of a sample of
+    ``n`` > 0 values whose k-th smallest (0-based) is ``at(k)``, with numpy's own arithmetic
+    on those order statistics, so it equals numpy's call bit for bit: the median is the
+    middle one or ``np.mean`` of the two; a percentile (numpy's default ``linear``) has the
+    virtual index ``(n - 1) q`` and numpy's lerp, ``b - (b - a)(1 - g)`` when ``g >= 0.5``,
+    else ``a + (b - a) g``, with ``b - a`` in the type ``at`` returns (numpy subtracts in the
+    sample's dtype). The ranks it reads are ``_order_indexes``'."""
     if stat == "median":
         if n % 2:
-            return at(n // 2)
+            return float(at(n // 2))
         return float(np.mean(np.array([at(n // 2 - 1), at(n // 2)])))
     q = percentile_of(stat) / 100
     vi = (n - 1) * q
     lo = math.floor(vi)
     if vi >= n - 1:
-        return at(n - 1)
+        return float(at(n - 1))
     a, b = at(lo), at(lo + 1)
     g = vi - lo
     d = b - a
-    return b - d * (1 - g) if g >= 0.5 else a + d * g
+    return float(b - d * (1 - g) if g >= 0.5 else a + d * g)
 
 
-_SUMMARY_STATISTICS = [s for s in STATISTICS if s not in ("mean", "median")]
-_SUMMARY_PERCENTILES = [percentile_of(s) for s in _SUMMARY_STATISTICS]
+_ORDER_STATISTICS = tuple(s for s in STATISTICS if s != "mean")
 
 
 def summarize(values: np.ndarray) -> dict[str, float]:
     """mean, median, p90, p95, p99 of ``values`` (NaN for each when empty): ``statistic``'s
     numbers bit for bit for the samples this module builds (float64, or int64). The mean is
-    summed in the sample's own order; the median and the three percentiles partition one copy
-    of it in place (``overwrite_input``), the percentiles in one ``np.percentile`` call: each
-    is numpy's same arithmetic on the same order statistics, which do not depend on how the
-    copy was left arranged."""
-    if len(values) == 0:
+    ``np.mean`` of the sample as given; the median and the percentiles come from one
+    ``np.partition`` copy holding every order statistic they read in place
+    (``_order_statistic``: numpy's arithmetic on the same order statistics, which do not
+    depend on how the rest of the copy is arranged; a NaN anywhere makes each of them NaN,
+    as in numpy)."""
+    n = len(values)
+    if n == 0:
         return {stat: math.nan for stat in STATISTICS}
-    mean = float(np.mean(values))
-    work = np.array(values)  # a copy, of the sample's own dtype
-    median = float(np.median(work, overwrite_input=True))
-    tails = np.percentile(work, _SUMMARY_PERCENTILES, overwrite_input=True)
-    out = {"mean": mean, "median": median}
-    out.update(zip(_SUMMARY_STATISTICS, (float(v) for v in tails), strict=True))
+    out = {"mean": float(np.mean(values))}
+    kth = _order_indexes(n, _ORDER_STATISTICS)
+    inexact = values.dtype.kind in "fc"
+    if inexact and kth[-1] != n - 1:
+        kth.append(n - 1)  # np.partition sorts NaN last: the largest then says if any is
+    part = np.partition(values, kth)
+    if inexact and np.isnan(part[n - 1]):
+        out.update((stat, math.nan) for stat in _ORDER_STATISTICS)
+        return out
+    out.update((stat, _order_statistic(n, part.__getitem__, stat)) for stat in _ORDER_STATISTICS)
     return out
 
 
@@ -174,36 +207,41 @@ def _itl_gaps(token_times: pd.Series, finished: np.ndarray,
               ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
     """The pooled ITL sample (ms: every gap between successive output tokens of every
     finished request with known token times, in request order) and each request's own gaps
-    as views into it (empty when it did not finish or its token times are unknown): per
-    request ``np.diff``'s int64 subtraction and the division by 1e6, written into one array
-    (no per-request array kept, no concatenation later; large temporaries would cost a page
-    fault per 4 KiB each time, as glibc returns big blocks to the kernel at once)."""
-    runs = []
-    total = 0
-    for t, done in zip(token_times, finished, strict=True):
+    as read-only views into it (empty when it did not finish or its token times are
+    unknown). The gaps are int64 differences of the token times divided by 1e6, as a
+    per-request ``np.diff`` gives them, computed for up to ``_GAP_BATCH`` token times at a
+    time over their concatenation (the differences across two requests' boundary dropped)
+    and written into the one pooled array: a few numpy calls a batch rather than a few a
+    request, and no temporaries as large as the run's token times."""
+    runs: list[np.ndarray] = []
+    counts = np.zeros(len(finished), dtype=np.int64)  # each request's gaps
+    for i, (t, done) in enumerate(zip(token_times, finished, strict=True)):
         known = t is not None and not (isinstance(t, float) and math.isnan(t)) and len(t) > 1
         if done and known:
             run = np.asarray(t, dtype=np.int64)
             runs.append(run)
-            total += len(run) - 1
-        else:
-            runs.append(None)
-    pooled = np.empty(total)
-    empty = np.empty(0)
-    gaps: list[np.ndarray] = []
+            counts[i] = len(run) - 1
+    pooled = np.empty(int(counts.sum()))
     start = 0
-    for run in runs:
-        if run is None:
-            gaps.append(empty)
-            continue
-        end = start + len(run) - 1
-        gap = pooled[start:end]
-        np.true_divide(np.subtract(run[1:], run[:-1]), _NS_PER_MS, out=gap)
-        gap.flags.writeable = False  # a view of the pooled sample: read-only as it is
-        gaps.append(gap)
-        start = end
+    lo = 0
+    while lo < len(runs):
+        hi, size = lo, 0
+        while hi < len(runs) and (size == 0 or size + len(runs[hi]) <= _GAP_BATCH):
+            size += len(runs[hi])
+            hi += 1
+        flat = np.concatenate(runs[lo:hi]) if hi - lo > 1 else runs[lo]
+        gaps = np.subtract(flat[1:], flat[:-1])
+        if hi - lo > 1:  # the differences across boundaries: at each run's last token
+            ends = np.cumsum([len(r) for r in runs[lo : hi - 1]]) - 1
+            gaps = np.delete(gaps, ends)
+        np.true_divide(gaps, _NS_PER_MS, out=pooled[start : start + len(gaps)])
+        start += len(gaps)
+        lo = hi
     pooled.flags.writeable = False  # ``RequestMetrics.sample`` hands it out as is
-    return pooled, tuple(gaps)
+    offsets = (np.cumsum(counts) - counts).tolist()
+    # Views of a read-only array are read-only.
+    views = tuple(pooled[o : o + c] for o, c in zip(offsets, counts.tolist(), strict=True))
+    return pooled, views
 
 
 def _check_columns(df: pd.DataFrame) -> None:

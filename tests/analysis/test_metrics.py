@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest.mock import patch
 
 import numpy as np
 import pandas as pd
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import analysis.metrics as metrics_module
 from analysis.metrics import (
     METRIC_KEYS,
     VALIDATION_METRICS,
@@ -258,6 +260,18 @@ def test_summarize_is_statistic_bit_for_bit(values):
         assert (math.isnan(got[stat]) and math.isnan(want)) or got[stat] == want, stat
 
 
+@pytest.mark.parametrize("n", [50, 1001, 20_000])
+@pytest.mark.parametrize("where", [0, 0.5, 0.95])
+def test_summarize_of_a_sample_holding_nan_is_nan_as_numpy(n, where):
+    """One NaN anywhere in a large sample (where numpy's partition does not sort it all)
+    makes the median and every percentile NaN, as np.median and np.percentile give."""
+    sample = np.random.default_rng(n).normal(100.0, 20.0, n)
+    sample[int(where * (n - 1))] = math.nan
+    got = summarize(sample)
+    for stat in ("median", "p90", "p95", "p99"):
+        assert math.isnan(got[stat]) and math.isnan(statistic(sample, stat)), stat
+
+
 _token_run = st.one_of(
     st.none(),
     st.just(float("nan")),
@@ -268,14 +282,17 @@ _token_run = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(_token_run, st.booleans()), max_size=30))
-def test_itl_gaps_equal_one_diff_per_request(rows):
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_token_run, st.booleans()), max_size=30),
+       st.sampled_from([1, 2, 5, 13, 1 << 16]))
+def test_itl_gaps_equal_one_diff_per_request(rows, batch):
     """The pooled ITL sample and each request's gaps are those of a per-request np.diff
-    (the definition), in request order, with unknown or unfinished requests empty."""
+    (the definition), in request order, with unknown or unfinished requests empty, however
+    the token times are batched (a batch smaller than a request, exactly one, several)."""
     times = pd.Series([t for t, _ in rows], dtype=object)
     finished = np.array([d for _, d in rows], dtype=bool)
-    pooled, gaps = _itl_gaps(times, finished)
+    with patch.object(metrics_module, "_GAP_BATCH", batch):
+        pooled, gaps = _itl_gaps(times, finished)
     want = []
     for (t, done), got in zip(rows, gaps, strict=True):
         known = t is not None and not (isinstance(t, float) and math.isnan(t)) and len(t) > 1

@@ -141,15 +141,16 @@ def counted_statistic(values: np.ndarray, counts: np.ndarray, stat: str) -> floa
 
 def _order_indexes(n: int, stats: Sequence[str]) -> list[int]:
     """The order statistics (0-based ranks, ascending) that ``_order_statistic`` reads for
-    each of ``stats`` (not ``mean``) of a sample of ``n`` > 0 values."""
+    each of ``stats`` (not ``mean``) of a sample of ``n`` > 0 values: what it asks ``at``
+    for, so the ranks have one owner."""
     ranks: set[int] = set()
+
+    def note(k: int) -> float:
+        ranks.add(k)
+        return 0.0
+
     for stat in stats:
-        if stat == "median":
-            ranks.update((n // 2,) if n % 2 else (n // 2 - 1, n // 2))
-            continue
-        vi = (n - 1) * (percentile_of(stat) / 100)
-        lo = math.floor(vi)
-        ranks.update((n - 1,) if vi >= n - 1 else (lo, lo + 1))
+        _order_statistic(n, note, stat)
     return sorted(ranks)
 
 

@@ -146,7 +146,7 @@ class RayProbePool:
         self._ray_pids: dict[int, Any] = {}
         if not ray.is_initialized():
             # "local" starts a private loopback-only Ray even if another one runs here.
-            start_ray(ray, address, {"object_store_memory": 200 * 1024**2, "log_to_driver": True})
+            start_ray(ray, address, {"object_store_memory": 200 * 1024**2})
             self._started = True
         self._local = self._started and is_local(address)
         try:

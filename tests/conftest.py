@@ -65,10 +65,10 @@ def ray_session(request):
     only). The module's own functions are shipped by value: Ray workers cannot import test
     modules. The launcher attaches to it and never shuts it down."""
     ray = pytest.importorskip("ray")
-    from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray
+    from hydra_plugins.ray_actor_launcher.ray_cluster import start_ray, stop_ray
 
     start_ray(ray, "local", {"num_cpus": 2, "object_store_memory": 100 * 2**20,
                              "include_dashboard": False, "log_to_driver": False})
     ray.cloudpickle.register_pickle_by_value(request.module)
     yield ray
-    ray.shutdown()
+    stop_ray(ray)

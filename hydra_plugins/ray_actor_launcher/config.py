@@ -14,7 +14,7 @@ def _default_init() -> dict[str, Any]:
         "num_cpus": None,
         "object_store_memory": 200 * 1024**2,
         "include_dashboard": False,
-        "log_to_driver": True,
+        "log_to_driver": False,
     }
 
 
@@ -25,7 +25,10 @@ class RayActorLauncherConf:
     ``address``: ``local`` starts a private Ray that listens on 127.0.0.1 only, sized by
     ``init``, and stops it at the end; ``auto`` or ``host:port`` attaches to an existing
     cluster with Ray's token authentication (``init`` resource keys are then ignored; see
-    docs/sweep.md). ``num_actors``: pool size (>= 1), ``null`` = as many as the cluster's
+    docs/sweep.md). ``init``: ``ray.init``'s arguments; ``log_to_driver`` is off by default
+    (a job's log is its point's ``sweep.log``, an actor's output Ray's session logs), and on
+    it forwards the actors' output to the driver's console and so starts Ray's log monitor
+    (``ray_cluster``). ``num_actors``: pool size (>= 1), ``null`` = as many as the cluster's
     CPUs allow (always capped to what the cluster can schedule). ``on_failure``:
     ``continue`` records a failed job, runs the rest and then exits non-zero; ``return``
     does the same but hands the failures to the sweeper as results

@@ -12,6 +12,16 @@ servers to the node IP. ``start_ray`` sets that mode, starts Ray, and refuses to
 (shutting Ray down again) unless the node IP is loopback; ``non_loopback_listeners`` lets
 the launcher check the sockets themselves once its actors run.
 
+The private Ray is Ray's own head node (``ray._private.node.Node``, what ``ray.init`` starts
+for ``address="local"``) started with the parameters ``ray.init`` would give it, except two
+processes a private single-machine Ray has no use for, which ``ray.init`` has no argument to
+leave out: the autoscaler monitor (a fixed local node has nothing to scale) and, unless the
+driver wants its workers' output (``log_to_driver``), the log monitor that forwards it. Each
+is a Python process importing Ray while the node starts; without them the sweep's actors
+were ready 3.5–4.5 s after Ray was asked for instead of 4.9–5.4 s (docs/sweep.md). The
+driver then connects to that node with ``ray.init(address=...)``, and ``stop_ray`` stops it
+as ``ray.shutdown()`` stops a node ``ray.init`` started.
+
 Any other address attaches to an existing (multi-node) cluster. That cluster is reachable
 from other machines by design, so Ray's token authentication must be on
 (``RAY_AUTH_MODE=token`` with ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; docs/sweep.md
@@ -21,6 +31,7 @@ and warns when it says ``disabled``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import importlib.util
@@ -37,6 +48,32 @@ log = logging.getLogger(__name__)
 LOOPBACK_IP = "127.0.0.1"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's single-machine mode
 LOCAL_ADDRESSES = (None, "", "local")
+# The ray.init arguments that describe the node of a new local Ray, each with the RayParams
+# field ray.init sets from it (ray/_private/worker.py, ``init``, its "start a new cluster"
+# branch); ray.init refuses most of them when it connects to a running node. Any other
+# argument is the driver's own (``log_to_driver``, ``namespace``, ``logging_level``, ...) and
+# goes to the ``ray.init`` that connects. ``_temp_dir`` goes to both.
+NODE_ARGS = {
+    "num_cpus": "num_cpus",
+    "num_gpus": "num_gpus",
+    "resources": "resources",
+    "labels": "labels",
+    "object_store_memory": "object_store_memory",
+    "include_dashboard": "include_dashboard",
+    "dashboard_host": "dashboard_host",
+    "dashboard_port": "dashboard_port",
+    "_memory": "memory",
+    "_temp_dir": "temp_dir",
+    "_system_config": "_system_config",
+    "_plasma_directory": "plasma_directory",
+    "_object_spilling_directory": "object_spilling_directory",
+    "_enable_object_reconstruction": "enable_object_reconstruction",
+    "_metrics_export_port": "metrics_export_port",
+    "_node_name": "node_name",
+}
+# The head node of the private Ray this process started (as ray.init keeps its own in
+# ``ray._private.worker._global_node``: one Ray per driver process); ``stop_ray`` stops it.
+_local_node: Any = None
 
 
 class RayExposedError(RuntimeError):
@@ -75,11 +112,10 @@ def start_ray(
                 f"the local Ray dashboard beyond this machine; use {LOOPBACK_IP} (or run a "
                 "cluster with token authentication and set RAY_ADDRESS)"
             )
-        ray.init(address="local", _node_ip_address=LOOPBACK_IP,
-                 runtime_env=dict(runtime_env) if runtime_env else None, **kwargs)
+        _start_private_ray(ray, kwargs, runtime_env)
         node_ip = ray.util.get_node_ip_address()
         if not _is_loopback(node_ip):
-            ray.shutdown()
+            stop_ray(ray)
             raise RayExposedError(
                 f"the local Ray took node address {node_ip}, not loopback, so it would listen "
                 f"beyond this machine; it was shut down. Set {SINGLE_MACHINE_ENV}=0 in the "
@@ -98,6 +134,62 @@ def start_ray(
                 "include_dashboard", "dashboard_host"):
         kwargs.pop(key, None)  # a cluster's resources and dashboard are its own
     ray.init(address=address, runtime_env=dict(runtime_env) if runtime_env else None, **kwargs)
+
+
+def _start_private_ray(ray: Any, kwargs: dict[str, Any],
+                       runtime_env: Mapping[str, Any] | None) -> None:
+    """Start the private head node on loopback from ``kwargs`` (ray.init's arguments) and
+    connect this driver to it; a failed connect stops the node again."""
+    global _local_node
+    node_args = {NODE_ARGS[key]: kwargs.pop(key) for key in list(kwargs) if key in NODE_ARGS}
+    if "temp_dir" in node_args:
+        kwargs["_temp_dir"] = node_args["temp_dir"]
+    log_to_driver = bool(kwargs.setdefault("log_to_driver", False))
+    node = start_local_node(node_ip_address=LOOPBACK_IP, no_monitor=True,
+                            include_log_monitor=log_to_driver, **node_args)
+    worker_log = logging.getLogger("ray._private.worker")
+    worker_log.addFilter(_not_connecting)  # the node is the one just started, not an "existing" one
+    try:
+        ray.init(address=node.address, runtime_env=dict(runtime_env) if runtime_env else None,
+                 **kwargs)
+    except BaseException:
+        node.kill_all_processes(check_alive=False, allow_graceful=False)
+        raise
+    finally:
+        worker_log.removeFilter(_not_connecting)
+    _local_node = node
+
+
+def start_local_node(**params: Any) -> Any:
+    """Ray's head node (``ray._private.node.Node``) with these ``RayParams``, started as
+    ``ray.init`` starts a local one: token set-up first (``RAY_AUTH_MODE`` decides), the
+    processes fate-shared with the calling thread and a reaper for them."""
+    from ray._private.authentication.authentication_token_setup import (
+        enable_token_auth_by_default,
+        ensure_token_if_auth_enabled,
+    )
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    enable_token_auth_by_default()
+    ensure_token_if_auth_enabled(params.get("_system_config"), create_token_if_missing=True)
+    return Node(RayParams(**params), head=True, shutdown_at_exit=False, spawn_reaper=True,
+                ray_init_cluster=True)
+
+
+def _not_connecting(record: logging.LogRecord) -> bool:
+    """False for ray.init's "Connecting to existing Ray cluster ..." and "Connected to Ray
+    cluster." lines while the driver connects to the node it has just started."""
+    return not str(record.msg).startswith(("Connecting to existing Ray", "Connected to Ray"))
+
+
+@atexit.register
+def _stop_local_node_at_exit() -> None:
+    """Stop a private node still running when the interpreter exits (ray.init's own exit
+    handler, ``ray.shutdown``, stops only a node ray.init started)."""
+    if _local_node is not None:
+        with contextlib.suppress(Exception):
+            stop_ray(sys.modules["ray"])
 
 
 def _single_machine_mode(ray: Any) -> None:
@@ -298,24 +390,6 @@ def ray_processes(root: int | None = None) -> dict[int, RayProcess]:
     return out
 
 
-def kill_autoscaler_monitor() -> int:
-    """SIGKILL the autoscaler monitor of the local Ray below this process; how many were
-    killed. Call it just before ``ray.shutdown()`` of a Ray this process started:
-    ``Node.kill_all_processes`` (``ray/_private/node.py``) stops the GCS before the monitor,
-    whose SIGTERM handler (``ray/autoscaler/_private/monitor.py``, ``_signal_handler``) then
-    blocks on reporting its exit to the dead GCS until Ray SIGKILLs it after
-    ``wait_timeout_seconds`` (1 s): a second of every sweep's teardown. Killed first it is
-    gone at once, with the same end (SIGKILL) and nothing lost: a single-machine Ray has
-    nothing to scale. ``stop_ray`` does it."""
-    monitor = ray_package_dir() + b"/autoscaler/"  # monitor.py (v1 and v2) lives here
-    found = {}
-    for pid, ident in ray_processes().items():
-        cmdline = _cmdline(pid)
-        if cmdline is not None and monitor in cmdline and b"monitor.py" in cmdline:
-            found[pid] = ident
-    return _sigkill(found)
-
-
 def _sigkill(targets: Mapping[int, RayProcess]) -> int:
     """SIGKILL each process of ``targets`` that is still the one recorded
     (:func:`same_process`: a pid reused since is left alone); how many were killed. The
@@ -360,13 +434,19 @@ def kill_ray_processes(known: Mapping[int, RayProcess]) -> int:
 
 
 def stop_ray(ray: Any, known: Mapping[int, RayProcess] | None = None) -> int:
-    """Shut down the local Ray this process started: its autoscaler monitor first
-    (``kill_autoscaler_monitor``), then ``ray.shutdown()``, then SIGKILL for any Ray process
-    of ours still alive (``kill_ray_processes`` over ``known`` and this process's children:
-    a dead head leaves orphans that ``shutdown`` misses). Returns how many were left."""
-    kill_autoscaler_monitor()
+    """Shut down the local Ray this process started: ``ray.shutdown()`` disconnects the
+    driver, the private node's processes are stopped as ``ray.shutdown`` stops a node of
+    ``ray.init``'s (its spilled objects removed, then SIGTERM and, after a grace period,
+    SIGKILL), then SIGKILL for any Ray process of ours still alive (``kill_ray_processes``
+    over ``known`` and this process's children: a dead head leaves orphans that the node no
+    longer tracks). Returns how many were left."""
+    global _local_node
+    node, _local_node = _local_node, None
     try:
         ray.shutdown()
+        if node is not None:
+            node.destroy_external_storage()
+            node.kill_all_processes(check_alive=False, allow_graceful=True)
     finally:
         left = kill_ray_processes(dict(known or {}))
     return left

@@ -79,21 +79,6 @@ def _wait_listed(*procs: subprocess.Popen) -> None:
 
 
 @linux_only
-def test_kill_autoscaler_monitor_kills_the_monitor_only():
-    monitor = _stand_in("autoscaler/_private/monitor.py")
-    log_monitor = _stand_in("_private/log_monitor.py")
-    try:
-        _wait_listed(monitor, log_monitor)
-        assert ray_cluster.kill_autoscaler_monitor() == 1
-        assert monitor.wait(timeout=10) == -9
-        assert log_monitor.poll() is None
-    finally:
-        for proc in (monitor, log_monitor):
-            proc.kill()
-            proc.wait()
-
-
-@linux_only
 def test_a_reused_pid_is_not_killed():
     """The leftovers' sweep kills a recorded pid only while it is the process recorded: the
     same start time (a pid may be reused by another process during a sweep)."""
@@ -172,35 +157,104 @@ def test_release_ray_only_disconnects_from_a_cluster(monkeypatch):
 class FakeRay:
     """Records ``init``/``shutdown``; reports ``node_ip`` as the node address."""
 
-    def __init__(self, node_ip: str) -> None:
+    def __init__(self, node_ip: str, init_fails: bool = False) -> None:
         self.calls: list[tuple[str, dict]] = []
         self.util = SimpleNamespace(get_node_ip_address=lambda: node_ip)
+        self.init_fails = init_fails
 
     def init(self, **kwargs):
         self.calls.append(("init", kwargs))
+        if self.init_fails:
+            raise ValueError("bad argument")
 
     def shutdown(self):
         self.calls.append(("shutdown", {}))
 
 
-def test_local_ray_refused_when_node_address_is_external(monkeypatch):
+class FakeNode:
+    """Ray's head node as ``start_ray`` drives it: its parameters and how it was stopped."""
+
+    def __init__(self, **params) -> None:
+        self.params = params
+        self.address = "127.0.0.1:6379"
+        self.stops: list[str] = []
+
+    def destroy_external_storage(self) -> None:
+        self.stops.append("storage")
+
+    def kill_all_processes(self, check_alive: bool, allow_graceful: bool) -> None:
+        assert check_alive is False
+        self.stops.append("graceful" if allow_graceful else "kill")
+
+
+@pytest.fixture
+def nodes(monkeypatch):
+    """The nodes ``start_ray`` starts (none really started); no private node left after."""
+    started: list[FakeNode] = []
+
+    def start_local_node(**params):
+        started.append(FakeNode(**params))
+        return started[-1]
+
+    monkeypatch.setattr(ray_cluster, "start_local_node", start_local_node)
+    monkeypatch.setattr(ray_cluster, "kill_ray_processes", lambda known: 0)
+    monkeypatch.setattr(ray_cluster, "_local_node", None)  # and back to it after the test
+    yield started
+
+
+def test_local_ray_is_a_node_without_monitors_that_the_driver_joins(nodes):
+    fake = FakeRay("127.0.0.1")
+    start_ray(fake, "local", {"num_cpus": 2, "object_store_memory": 100, "_temp_dir": "/t",
+                              "namespace": "ns"}, {"env_vars": {"A": "1"}})
+    (node,) = nodes
+    assert node.params == {"node_ip_address": "127.0.0.1", "no_monitor": True,
+                           "include_log_monitor": False, "num_cpus": 2,
+                           "object_store_memory": 100, "temp_dir": "/t",
+                           "include_dashboard": False}
+    # the node's arguments went to the node; the driver's own (and the temp dir) to ray.init
+    assert fake.calls == [("init", {"address": "127.0.0.1:6379", "namespace": "ns",
+                                    "_temp_dir": "/t", "log_to_driver": False,
+                                    "runtime_env": {"env_vars": {"A": "1"}}})]
+    assert ray_cluster._local_node is node
+    assert ray_cluster.stop_ray(fake) == 0
+    assert fake.calls[-1] == ("shutdown", {}) and node.stops == ["storage", "graceful"]
+    assert ray_cluster._local_node is None
+    ray_cluster.stop_ray(fake)  # a second stop has no node left to stop
+    assert node.stops == ["storage", "graceful"]
+
+
+def test_log_to_driver_starts_the_log_monitor(nodes):
+    fake = FakeRay("127.0.0.1")
+    start_ray(fake, "local", {"log_to_driver": True})
+    assert nodes[0].params["include_log_monitor"] is True
+    assert fake.calls[0][1]["log_to_driver"] is True
+
+
+def test_a_failed_connect_stops_the_node(nodes):
+    with pytest.raises(ValueError, match="bad argument"):
+        start_ray(FakeRay("127.0.0.1", init_fails=True), "local", {"bogus": 1})
+    assert nodes[0].stops == ["kill"] and ray_cluster._local_node is None
+
+
+def test_local_ray_refused_when_node_address_is_external(monkeypatch, nodes):
     monkeypatch.delenv(ray_cluster.SINGLE_MACHINE_ENV, raising=False)
     fake = FakeRay("192.0.2.7")
     with pytest.raises(ray_cluster.RayExposedError, match="192.0.2.7"):
         start_ray(fake, "local", {"num_cpus": 2})
     assert [c for c, _ in fake.calls] == ["init", "shutdown"]
-    init = fake.calls[0][1]
-    assert init["_node_ip_address"] == "127.0.0.1" and init["include_dashboard"] is False
+    assert nodes[0].params["node_ip_address"] == "127.0.0.1"
+    assert nodes[0].params["include_dashboard"] is False
+    assert nodes[0].stops == ["storage", "graceful"]
     assert os.environ[ray_cluster.SINGLE_MACHINE_ENV] == "0"
 
 
-def test_local_dashboard_stays_on_loopback(monkeypatch):
-    fake = FakeRay("127.0.0.1")
-    start_ray(fake, "local", {"include_dashboard": True})
-    assert fake.calls[0][1]["dashboard_host"] == "127.0.0.1"
+def test_local_dashboard_stays_on_loopback(nodes):
+    start_ray(FakeRay("127.0.0.1"), "local", {"include_dashboard": True})
+    assert nodes[0].params["dashboard_host"] == "127.0.0.1"
     with pytest.raises(ray_cluster.RayExposedError, match="dashboard_host='0.0.0.0'"):
         start_ray(FakeRay("127.0.0.1"), None, {"include_dashboard": True,
                                                "dashboard_host": "0.0.0.0"})
+    assert len(nodes) == 1  # refused before any node
 
 
 def test_cluster_attach_uses_token_auth(monkeypatch):
@@ -211,6 +265,45 @@ def test_cluster_attach_uses_token_auth(monkeypatch):
     # the cluster's resources and dashboard are its own; other init options pass through
     assert fake.calls == [("init", {"address": "auto", "runtime_env": None,
                                     "log_to_driver": False})]
+
+
+_MONITORS = (b"autoscaler/_private/monitor.py", b"_private/log_monitor.py")
+
+
+def _monitors() -> list[bytes]:
+    return [m for pid in ray_cluster.ray_processes()
+            for m in _MONITORS if m in (ray_cluster._cmdline(pid) or b"")]
+
+
+@linux_only
+@pytest.mark.ray
+def test_private_ray_runs_without_monitors_and_stops_whole():
+    """A real private Ray (in a child process, as its own driver): GCS, raylet and agents
+    without the autoscaler monitor or the log monitor; with ``log_to_driver`` the log
+    monitor runs (and forwards a worker's print); ``stop_ray`` leaves no Ray process."""
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO)!r})
+import ray
+from hydra_plugins.ray_actor_launcher import ray_cluster
+from tests.hydra_plugins.test_ray_cluster import _monitors
+for log in (False, True):
+    ray_cluster.start_ray(ray, "local", {{"num_cpus": 1, "object_store_memory": 80 * 2**20,
+                                          "log_to_driver": log}})
+    names = {{p.name for p in ray_cluster.ray_processes().values()}}
+    assert {{"gcs_server", "raylet"}} <= names, names
+    assert _monitors() == ([b"_private/log_monitor.py"] if log else []), _monitors()
+    ray.get(ray.remote(lambda: print("from-a-worker")).remote())
+    assert ray_cluster.stop_ray(ray) == 0
+    assert ray_cluster.ray_processes() == {{}} and ray_cluster._local_node is None
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    forwarded = out.stdout.count("from-a-worker") + out.stderr.count("from-a-worker")
+    assert forwarded == 1  # only the run with log_to_driver forwarded the worker's print
 
 
 @linux_only

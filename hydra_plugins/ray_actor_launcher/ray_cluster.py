@@ -13,7 +13,7 @@ servers to the node IP. ``start_ray`` sets that mode, starts Ray, and refuses to
 the launcher check the sockets themselves once its actors run.
 
 The private Ray is Ray's own head node (``ray._private.node.Node``, what ``ray.init`` starts
-for ``address="local"``) started with the parameters ``ray.init`` would give it, except two
+for ``address="local"``) started with the parameters and set-up ``ray.init`` would give it, except two
 processes a private single-machine Ray has no use for, which ``ray.init`` has no argument to
 leave out: the autoscaler monitor (a fixed local node has nothing to scale) and, unless the
 driver wants its workers' output (``log_to_driver``), the log monitor that forwards it. Each
@@ -49,10 +49,11 @@ LOOPBACK_IP = "127.0.0.1"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's single-machine mode
 LOCAL_ADDRESSES = (None, "", "local")
 # The ray.init arguments that describe the node of a new local Ray, each with the RayParams
-# field ray.init sets from it (ray/_private/worker.py, ``init``, its "start a new cluster"
-# branch); ray.init refuses most of them when it connects to a running node. Any other
-# argument is the driver's own (``log_to_driver``, ``namespace``, ``logging_level``, ...) and
-# goes to the ``ray.init`` that connects. ``_temp_dir`` goes to both.
+# field ray.init sets from it (ray/_private/worker.py, ``init``: its hidden ``kwargs.pop``s and
+# its "start a new cluster" branch); ray.init refuses or ignores them when it connects to a
+# running node. Any other argument is the driver's own (``log_to_driver``, ``namespace``,
+# ``logging_level``, ...) and goes to the ``ray.init`` that connects. ``_temp_dir`` and the
+# Redis credentials go to both (the connecting driver reads the session through them).
 NODE_ARGS = {
     "num_cpus": "num_cpus",
     "num_gpus": "num_gpus",
@@ -62,18 +63,27 @@ NODE_ARGS = {
     "include_dashboard": "include_dashboard",
     "dashboard_host": "dashboard_host",
     "dashboard_port": "dashboard_port",
+    "proxy_server_url": "proxy_server_url",
+    "object_spilling_directory": "object_spilling_directory",
     "_memory": "memory",
     "_temp_dir": "temp_dir",
     "_system_config": "_system_config",
     "_plasma_directory": "plasma_directory",
-    "_object_spilling_directory": "object_spilling_directory",
     "_enable_object_reconstruction": "enable_object_reconstruction",
     "_metrics_export_port": "metrics_export_port",
+    "_tracing_startup_hook": "tracing_startup_hook",
     "_node_name": "node_name",
+    "_redis_username": "redis_username",
+    "_redis_password": "redis_password",
 }
+NODE_AND_DRIVER_ARGS = ("_temp_dir", "_redis_username", "_redis_password")
+# ray.init's arguments that it gathers into the node's ``ResourceIsolationConfig``.
+RESOURCE_ISOLATION_ARGS = ("enable_resource_isolation", "cgroup_path", "system_reserved_cpu",
+                           "system_reserved_memory")
 # The head node of the private Ray this process started (as ray.init keeps its own in
 # ``ray._private.worker._global_node``: one Ray per driver process); ``stop_ray`` stops it.
-_local_node: Any = None
+# Kept across Hydra's plugin scan, which executes this module again in place.
+_local_node: Any = globals().get("_local_node")
 
 
 class RayExposedError(RuntimeError):
@@ -100,9 +110,8 @@ def start_ray(
     kwargs = {k: v for k, v in (init_kwargs or {}).items() if v is not None}
     if is_local(address):
         _single_machine_mode(ray)
-        # Loopback only, so no other machine can reach it: no token needed; no usage report.
+        # Loopback only, so no other machine can reach it: no token needed.
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         kwargs.setdefault("include_dashboard", False)
         if kwargs.get("include_dashboard"):
             kwargs.setdefault("dashboard_host", LOOPBACK_IP)
@@ -141,11 +150,16 @@ def _start_private_ray(ray: Any, kwargs: dict[str, Any],
     """Start the private head node on loopback from ``kwargs`` (ray.init's arguments) and
     connect this driver to it; a failed connect stops the node again."""
     global _local_node
-    node_args = {NODE_ARGS[key]: kwargs.pop(key) for key in list(kwargs) if key in NODE_ARGS}
-    if "temp_dir" in node_args:
-        kwargs["_temp_dir"] = node_args["temp_dir"]
+    if _local_node is not None:  # left running by a bare ray.shutdown(): stopped, not leaked
+        log.warning("stopping the private Ray left running by an earlier ray.shutdown()")
+        stop_ray(ray)
+    node_args = {NODE_ARGS[key]: kwargs[key] for key in kwargs if key in NODE_ARGS}
+    isolation = {key: kwargs.pop(key) for key in RESOURCE_ISOLATION_ARGS if key in kwargs}
+    for key in NODE_ARGS.keys() - set(NODE_AND_DRIVER_ARGS):
+        kwargs.pop(key, None)
+    node_args.setdefault("dashboard_port", None)  # ray.init's default: 8265, or the next free
     log_to_driver = bool(kwargs.setdefault("log_to_driver", False))
-    node = start_local_node(node_ip_address=LOOPBACK_IP, no_monitor=True,
+    node = start_local_node(isolation, node_ip_address=LOOPBACK_IP, no_monitor=True,
                             include_log_monitor=log_to_driver, **node_args)
     worker_log = logging.getLogger("ray._private.worker")
     worker_log.addFilter(_not_connecting)  # the node is the one just started, not an "existing" one
@@ -160,27 +174,51 @@ def _start_private_ray(ray: Any, kwargs: dict[str, Any],
     _local_node = node
 
 
-def start_local_node(**params: Any) -> Any:
-    """Ray's head node (``ray._private.node.Node``) with these ``RayParams``, started as
-    ``ray.init`` starts a local one: token set-up first (``RAY_AUTH_MODE`` decides), the
-    processes fate-shared with the calling thread and a reaper for them."""
+def start_local_node(isolation: Mapping[str, Any], **params: Any) -> Any:
+    """Ray's head node (``ray._private.node.Node``) with these ``RayParams``, started with
+    the set-up ``ray.init`` does before it starts a local one (ray/_private/worker.py,
+    ``init``): the open-file limit raised, token set-up (``RAY_AUTH_MODE`` decides), no usage
+    report, the node address resolved as ``ray.init`` resolves it, the resource isolation
+    from ``isolation`` (ray.init's arguments of that name). Its processes are fate-shared
+    with the calling thread (a reaper process stands in where the kernel cannot)."""
+    from ray._common.usage import usage_lib
+    from ray._private import services
     from ray._private.authentication.authentication_token_setup import (
         enable_token_auth_by_default,
         ensure_token_if_auth_enabled,
     )
     from ray._private.node import Node
     from ray._private.parameter import RayParams
+    from ray._private.resource_isolation_config import ResourceIsolationConfig
 
+    _raise_open_file_limit()
     enable_token_auth_by_default()
     ensure_token_if_auth_enabled(params.get("_system_config"), create_token_if_missing=True)
+    if not usage_lib.is_nightly_wheel():
+        usage_lib.set_usage_stats_enabled_via_env_var(False)
+    params["node_ip_address"] = services.resolve_ip_for_localhost(params["node_ip_address"])
+    params["resource_isolation_config"] = ResourceIsolationConfig(**isolation)
     return Node(RayParams(**params), head=True, shutdown_at_exit=False, spawn_reaper=True,
                 ray_init_cluster=True)
 
 
+def _raise_open_file_limit() -> None:
+    """Raise this process's soft limit of open files towards the hard limit (at most 65,536)
+    before Ray's processes inherit it, as ``ray.init`` does for a local start."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+
+
 def _not_connecting(record: logging.LogRecord) -> bool:
     """False for ray.init's "Connecting to existing Ray cluster ..." and "Connected to Ray
-    cluster." lines while the driver connects to the node it has just started."""
-    return not str(record.msg).startswith(("Connecting to existing Ray", "Connected to Ray"))
+    cluster." lines while the driver connects to the node it has just started (the line
+    that gives the dashboard's address, when one was asked for, stays)."""
+    msg = str(record.msg)
+    return not (msg.startswith("Connecting to existing Ray") or msg == "Connected to Ray cluster.")
 
 
 @atexit.register

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -172,9 +175,14 @@ class FakeRay:
 
 
 class FakeNode:
-    """Ray's head node as ``start_ray`` drives it: its parameters and how it was stopped."""
+    """Ray's head node as ``start_ray`` drives it: its parameters (which must be
+    ``RayParams``'s) and how it was stopped."""
 
-    def __init__(self, **params) -> None:
+    def __init__(self, isolation, **params) -> None:
+        from ray._private.parameter import RayParams
+
+        RayParams(**params)  # a misspelt field raises here
+        self.isolation = dict(isolation)
         self.params = params
         self.address = "127.0.0.1:6379"
         self.stops: list[str] = []
@@ -192,8 +200,8 @@ def nodes(monkeypatch):
     """The nodes ``start_ray`` starts (none really started); no private node left after."""
     started: list[FakeNode] = []
 
-    def start_local_node(**params):
-        started.append(FakeNode(**params))
+    def start_local_node(isolation, **params):
+        started.append(FakeNode(isolation, **params))
         return started[-1]
 
     monkeypatch.setattr(ray_cluster, "start_local_node", start_local_node)
@@ -205,12 +213,15 @@ def nodes(monkeypatch):
 def test_local_ray_is_a_node_without_monitors_that_the_driver_joins(nodes):
     fake = FakeRay("127.0.0.1")
     start_ray(fake, "local", {"num_cpus": 2, "object_store_memory": 100, "_temp_dir": "/t",
-                              "namespace": "ns"}, {"env_vars": {"A": "1"}})
+                              "namespace": "ns", "object_spilling_directory": "/s",
+                              "system_reserved_cpu": 0.5}, {"env_vars": {"A": "1"}})
     (node,) = nodes
     assert node.params == {"node_ip_address": "127.0.0.1", "no_monitor": True,
                            "include_log_monitor": False, "num_cpus": 2,
                            "object_store_memory": 100, "temp_dir": "/t",
-                           "include_dashboard": False}
+                           "object_spilling_directory": "/s", "include_dashboard": False,
+                           "dashboard_port": None}
+    assert node.isolation == {"system_reserved_cpu": 0.5}
     # the node's arguments went to the node; the driver's own (and the temp dir) to ray.init
     assert fake.calls == [("init", {"address": "127.0.0.1:6379", "namespace": "ns",
                                     "_temp_dir": "/t", "log_to_driver": False,
@@ -221,6 +232,41 @@ def test_local_ray_is_a_node_without_monitors_that_the_driver_joins(nodes):
     assert ray_cluster._local_node is None
     ray_cluster.stop_ray(fake)  # a second stop has no node left to stop
     assert node.stops == ["storage", "graceful"]
+
+
+def test_node_args_are_ray_inits_and_ray_params():
+    """Each argument taken for the node is one ray.init takes (named, or one of its hidden
+    ``kwargs.pop``s), and each goes to a ``RayParams`` field of ray.init's local start."""
+    import inspect
+
+    import ray
+    from ray._private.parameter import RayParams
+
+    named = inspect.signature(ray.init).parameters
+    source = inspect.getsource(ray.init)
+    fields = inspect.signature(RayParams).parameters
+    for arg, field in ray_cluster.NODE_ARGS.items():
+        assert arg in named or re.search(rf'kwargs\.pop\(\s*"{arg}"', source), arg
+        assert field in fields, field
+    for arg in ray_cluster.RESOURCE_ISOLATION_ARGS:
+        assert arg in named, arg
+
+
+def test_a_left_node_is_stopped_before_the_next(nodes):
+    start_ray(FakeRay("127.0.0.1"), "local", {})
+    start_ray(FakeRay("127.0.0.1"), "local", {})  # as after a bare ray.shutdown()
+    assert nodes[0].stops == ["storage", "graceful"] and nodes[1].stops == []
+    assert ray_cluster._local_node is nodes[1]
+
+
+def test_a_node_left_at_exit_is_stopped(nodes, monkeypatch):
+    fake = FakeRay("127.0.0.1")
+    start_ray(fake, "local", {})
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    ray_cluster._stop_local_node_at_exit()
+    assert nodes[0].stops == ["storage", "graceful"] and fake.calls[-1][0] == "shutdown"
+    ray_cluster._stop_local_node_at_exit()  # nothing left: nothing more done
+    assert nodes[0].stops == ["storage", "graceful"] and len(fake.calls) == 2
 
 
 def test_log_to_driver_starts_the_log_monitor(nodes):
@@ -267,12 +313,17 @@ def test_cluster_attach_uses_token_auth(monkeypatch):
                                     "log_to_driver": False})]
 
 
-_MONITORS = (b"autoscaler/_private/monitor.py", b"_private/log_monitor.py")
-
-
-def _monitors() -> list[bytes]:
-    return [m for pid in ray_cluster.ray_processes()
-            for m in _MONITORS if m in (ray_cluster._cmdline(pid) or b"")]
+def _monitors() -> list[str]:
+    """The monitors among this process's Ray processes: ``autoscaler`` (v1 or v2) and
+    ``log``."""
+    found = []
+    for pid in ray_cluster.ray_processes():
+        cmdline = ray_cluster._cmdline(pid) or b""
+        if b"/autoscaler/" in cmdline and b"monitor.py" in cmdline:
+            found.append("autoscaler")
+        elif b"/_private/log_monitor.py" in cmdline:
+            found.append("log")
+    return found
 
 
 @linux_only
@@ -280,30 +331,67 @@ def _monitors() -> list[bytes]:
 def test_private_ray_runs_without_monitors_and_stops_whole():
     """A real private Ray (in a child process, as its own driver): GCS, raylet and agents
     without the autoscaler monitor or the log monitor; with ``log_to_driver`` the log
-    monitor runs (and forwards a worker's print); ``stop_ray`` leaves no Ray process."""
+    monitor runs and forwards a worker's print; ``stop_ray`` leaves no Ray process; and
+    nothing of a node still running when the driver exits outlives it."""
+    # a short session path: Ray's sockets live under it (AF_UNIX paths end at 107 bytes)
+    temp_dir = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
+    try:
+        _private_ray_in_a_child(temp_dir)
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _private_ray_in_a_child(temp_dir: Path) -> None:
     code = f"""
-import sys
+import io, sys, time
 sys.path.insert(0, {str(REPO)!r})
 import ray
 from hydra_plugins.ray_actor_launcher import ray_cluster
 from tests.hydra_plugins.test_ray_cluster import _monitors
+
+class Tee(io.TextIOBase):  # the driver's console, recorded
+    def __init__(self, out): self.out, self.text = out, []
+    def write(self, s): self.text.append(s); return self.out.write(s)
+    def flush(self): self.out.flush()
+sys.stdout, sys.stderr = Tee(sys.stdout), Tee(sys.stderr)
+seen = lambda: "from-a-worker" in "".join(sys.stdout.text + sys.stderr.text)
 for log in (False, True):
     ray_cluster.start_ray(ray, "local", {{"num_cpus": 1, "object_store_memory": 80 * 2**20,
-                                          "log_to_driver": log}})
+                                          "log_to_driver": log,
+                                          "_temp_dir": {str(temp_dir)!r}}})
     names = {{p.name for p in ray_cluster.ray_processes().values()}}
     assert {{"gcs_server", "raylet"}} <= names, names
-    assert _monitors() == ([b"_private/log_monitor.py"] if log else []), _monitors()
+    assert _monitors() == (["log"] if log else []), _monitors()
     ray.get(ray.remote(lambda: print("from-a-worker")).remote())
-    assert ray_cluster.stop_ray(ray) == 0
+    deadline = time.monotonic() + (20 if log else 2)
+    while not seen() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert seen() is log, (log, seen())
+    ray_cluster.stop_ray(ray)
     assert ray_cluster.ray_processes() == {{}} and ray_cluster._local_node is None
-print("ok")
-"""
+ray_cluster.start_ray(ray, "local", {{"num_cpus": 1, "object_store_memory": 80 * 2**20,
+                                      "_temp_dir": {str(temp_dir)!r}}})
+print("ok", flush=True)
+"""  # ends with a running node: the exit handler stops it
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=240)
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
-    forwarded = out.stdout.count("from-a-worker") + out.stderr.count("from-a-worker")
-    assert forwarded == 1  # only the run with log_to_driver forwarded the worker's print
+    assert out.returncode == 0 and "ok" in out.stdout.split(), out.stderr[-3000:]
+    deadline = time.monotonic() + 20
+    while _of_temp_dir(temp_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _of_temp_dir(temp_dir) == []
+
+
+def _of_temp_dir(temp_dir: Path) -> list[int]:
+    """The pids of processes whose command line names ``temp_dir`` (a Ray's session)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            cmdline = ray_cluster._cmdline(int(entry.name))
+            if cmdline is not None and os.fsencode(temp_dir) in cmdline:
+                found.append(int(entry.name))
+    return found
 
 
 @linux_only

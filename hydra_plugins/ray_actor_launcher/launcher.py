@@ -18,7 +18,6 @@ has. SIGTERM is handled like Ctrl-C: the recorder closes its runs as ``KILLED``.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib
 import logging
 import math
@@ -550,7 +549,9 @@ class RayOwner:
 def task_view(cfg: DictConfig) -> DictConfig:
     """The job config without its ``hydra`` node, typed, as the task function will see it
     (Hydra's ``run_job`` deletes the node from a deep copy the same way)."""
-    view = copy.deepcopy(cfg)
+    from hydra_plugins.ray_actor_launcher.compose import copy_config
+
+    view = copy_config(cfg)
     with read_write(view), open_dict(view):
         del view["hydra"]
     return view

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.ray_actor_launcher.compose import JobComposer
+from hydra_plugins.ray_actor_launcher.compose import JobComposer, copy_config
 from sweep.schema import register
 
 register()
@@ -153,3 +153,39 @@ def job_overrides(draw) -> list[str]:
 @given(jobs=st.lists(job_overrides(), min_size=1, max_size=3))
 def test_any_mix_of_switches_and_values_matches_hydra(shared, jobs):
     _check(shared[0], jobs, shared[1])
+
+
+def _nodes(cfg):
+    """Every node below ``cfg`` by key path: its type, whether its parent link points at the
+    node above it in this tree, its flags and typing metadata."""
+    out = {}
+
+    def walk(node, path, parent):
+        meta = node._metadata
+        out[path] = (type(node).__name__, node._get_parent() is parent, meta.flags,
+                     meta.ref_type, meta.object_type, meta.optional, meta.key)
+        if OmegaConf.is_dict(node):
+            for key in node:
+                walk(node._get_node(key), f"{path}.{key}", node)
+        elif OmegaConf.is_list(node):
+            for i in range(len(node)):
+                walk(node._get_node(i), f"{path}[{i}]", node)
+
+    walk(cfg, "", None)
+    return out
+
+
+def test_copy_config_is_a_deep_copy():
+    """``copy_config`` gives what ``copy.deepcopy`` gives: the same values unresolved and
+    resolved, node types, flags, typing metadata and parent links; and a copy that shares
+    nothing with the original."""
+    master = _master("+experiment=mem_util_grid")
+    job = GlobalHydra.instance().config_loader().load_sweep_config(master, ["workload.rate=3"])
+    OmegaConf.set_readonly(job.study, True)  # a flag set below the root
+    fast, slow = copy_config(job), copy.deepcopy(job)
+    assert_same(fast, slow)
+    assert _nodes(fast) == _nodes(slow)
+    assert all(linked for _, linked, *_ in _nodes(fast).values())
+    fast.workload.rate = 7  # the copy is its own
+    assert job.workload.rate == 3 and slow.workload.rate == 3
+    assert OmegaConf.is_readonly(fast.study) and not OmegaConf.is_readonly(fast.cluster)

@@ -43,6 +43,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+PROTOCOL = pickle.HIGHEST_PROTOCOL  # of the pickled configs (``copy_config``, ``JobComposer``)
+
 
 class JobComposer:
     """``compose(overrides)`` = ``config_loader.load_sweep_config(master, overrides)``, with
@@ -108,9 +110,6 @@ class JobComposer:
             self._repos[searchpath] = repo
         split = Overrides(repo, parsed)
         return {id(o) for o in split.config_overrides if not o.is_hydra_override()}
-
-
-PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 def copy_config(cfg: DictConfig) -> DictConfig:

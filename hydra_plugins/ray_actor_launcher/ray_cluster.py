@@ -15,9 +15,9 @@ the launcher check the sockets themselves once its actors run.
 The private Ray is Ray's own head node (``ray._private.node.Node``, what ``ray.init`` starts
 for ``address="local"``) started with the parameters and set-up ``ray.init`` would give it,
 except two processes a private single-machine Ray has no use for, which ``ray.init`` has no
-argument to leave out: the autoscaler monitor (a fixed local node has nothing to scale) and, unless the
-driver wants its workers' output (``log_to_driver``), the log monitor that forwards it. Each
-is a Python process importing Ray while the node starts; without them the sweep's actors
+argument to leave out: the autoscaler monitor (a fixed local node has nothing to scale) and,
+unless the driver wants its workers' output (``log_to_driver``), the log monitor that
+forwards it. Each is a Python process importing Ray while the node starts; without them the sweep's actors
 were ready 3.5–4.5 s after Ray was asked for instead of 4.9–5.4 s (docs/sweep.md). The
 driver then connects to that node with ``ray.init(address=...)``, and ``stop_ray`` stops it
 as ``ray.shutdown()`` stops a node ``ray.init`` started.

@@ -372,7 +372,7 @@ for log in (False, True):
 ray_cluster.start_ray(ray, "local", {{"num_cpus": 1, "object_store_memory": 80 * 2**20,
                                       "_temp_dir": {str(temp_dir)!r}}})
 print("ok", flush=True)
-"""  # ends with a running node: the exit handler stops it
+"""  # ends with a node still running: nothing of it may outlive the driver
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=240)

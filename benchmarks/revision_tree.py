@@ -10,6 +10,7 @@ would measure the interpreter, not the revision. Used by ``engine_scale.py`` and
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,14 @@ def checkout(rev: str, dest: Path) -> Path:
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     if (dest / "setup.py").is_file():
+        if importlib.util.find_spec("Cython") is None:  # pip's isolated build had it, not us
+            raise SystemExit(f"--compare {rev}: building its compiled core needs Cython in "
+                             f"this environment ({sys.executable}); install it with "
+                             "pip install 'cython>=3.1,<4' and rerun")
         print(f"building {rev}'s compiled core ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                       cwd=dest, check=True, capture_output=True)
+        built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                               cwd=dest, capture_output=True, text=True)
+        if built.returncode != 0:
+            raise SystemExit(f"--compare {rev}: building its compiled core in {dest} failed "
+                             f"(exit {built.returncode}):\n{built.stderr[-3000:]}")
     return dest

@@ -14,11 +14,14 @@ the launcher check the sockets themselves once its actors run.
 
 The private Ray is Ray's own head node (``ray._private.node.Node``, what ``ray.init`` starts
 for ``address="local"``) started with the parameters and set-up ``ray.init`` would give it,
-except two processes a private single-machine Ray has no use for, which ``ray.init`` has no
-argument to leave out: the autoscaler monitor (a fixed local node has nothing to scale) and,
+except three processes a private single-machine Ray has no use for, which ``ray.init`` has
+no argument to leave out: the autoscaler monitor (a fixed local node has nothing to scale);
 unless the driver wants its workers' output (``log_to_driver``), the log monitor that
-forwards it. Each is a Python process importing Ray while the node starts; without them the sweep's actors
-were ready 3.5–4.5 s after Ray was asked for instead of 4.9–5.4 s (docs/sweep.md). The
+forwards it; and unless the dashboard is asked for (``include_dashboard``), the API server,
+which then serves nothing and which the node start waits for. Each is a Python process
+importing Ray while the node starts; without the monitors the sweep's actors were ready
+3.5–4.5 s after Ray was asked for instead of 4.9–5.4 s, and without the API server too
+Ray's start took 2.0–2.1 s instead of 3.1–5.2 s (docs/sweep.md). The
 driver then connects to that node with ``ray.init(address=...)``, and ``stop_ray`` stops it
 as ``ray.shutdown()`` stops a node ``ray.init`` started.
 
@@ -198,8 +201,30 @@ def start_local_node(isolation: Mapping[str, Any], **params: Any) -> Any:
         usage_lib.set_usage_stats_enabled_via_env_var(False)
     params["node_ip_address"] = services.resolve_ip_for_localhost(params["node_ip_address"])
     params["resource_isolation_config"] = ResourceIsolationConfig(**isolation)
-    return Node(RayParams(**params), head=True, shutdown_at_exit=False, spawn_reaper=True,
-                ray_init_cluster=True)
+    node_class = Node if params.get("include_dashboard") else _node_without_api_server()
+    return node_class(RayParams(**params), head=True, shutdown_at_exit=False,
+                      spawn_reaper=True, ray_init_cluster=True)
+
+
+@functools.cache
+def _node_without_api_server() -> type:
+    """Ray's head node without its API server process, for a node with no dashboard.
+
+    ``Node.start_head_processes`` starts the API server (``ray/dashboard/dashboard.py``)
+    whatever ``include_dashboard`` says, and then polls until the process has imported Ray
+    and published its address (``services.start_api_server``). Without the dashboard it
+    loads only its usage-stats module (``--modules-to-load=UsageStatsHead``), and usage stats
+    are off here, so it serves nothing: the node then starts as it does when the API server
+    fails to start (``_webui_url`` None, which the raylet and ``ray.init`` accept)."""
+    from ray._private.node import Node
+
+    class NodeWithoutApiServer(Node):  # type: ignore[misc]
+        def start_api_server(self, *, include_dashboard: bool | None,
+                             raise_on_failure: bool) -> None:
+            assert not include_dashboard
+            self._webui_url = None
+
+    return NodeWithoutApiServer
 
 
 def _raise_open_file_limit() -> None:

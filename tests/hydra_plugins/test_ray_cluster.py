@@ -314,8 +314,8 @@ def test_cluster_attach_uses_token_auth(monkeypatch):
 
 
 def _monitors() -> list[str]:
-    """The monitors among this process's Ray processes: ``autoscaler`` (v1 or v2) and
-    ``log``."""
+    """The optional processes among this process's Ray processes, sorted: the monitors
+    ``autoscaler`` (v1 or v2) and ``log``, and the API server ``dashboard``."""
     found = []
     for pid in ray_cluster.ray_processes():
         cmdline = ray_cluster._cmdline(pid) or b""
@@ -323,16 +323,33 @@ def _monitors() -> list[str]:
             found.append("autoscaler")
         elif b"/_private/log_monitor.py" in cmdline:
             found.append("log")
-    return found
+        elif b"/dashboard/dashboard.py" in cmdline:
+            found.append("dashboard")
+    return sorted(found)
+
+
+def test_a_node_without_dashboard_starts_no_api_server():
+    """The node class of a private Ray without the dashboard is Ray's own head node with the
+    API server left out: it starts no process and leaves the node without a web URL."""
+    from ray._private.node import Node
+
+    cls = ray_cluster._node_without_api_server()
+    assert issubclass(cls, Node) and cls.start_api_server is not Node.start_api_server
+    node = object.__new__(cls)  # no node started: only the method is exercised
+    node._webui_url = "stale"
+    assert node.start_api_server(include_dashboard=False, raise_on_failure=False) is None
+    assert node._webui_url is None and not hasattr(node, "all_processes")
 
 
 @linux_only
 @pytest.mark.ray
 def test_private_ray_runs_without_monitors_and_stops_whole():
     """A real private Ray (in a child process, as its own driver): GCS, raylet and agents
-    without the autoscaler monitor or the log monitor; with ``log_to_driver`` the log
-    monitor runs and forwards a worker's print; ``stop_ray`` leaves no Ray process; and
-    nothing of a node still running when the driver exits outlives it."""
+    without the autoscaler monitor, the log monitor or the API server; with
+    ``log_to_driver`` the log monitor runs and forwards a worker's print; ``stop_ray``
+    leaves no Ray process; and nothing of a node still running when the driver exits
+    outlives it. (The dashboard itself needs ``ray[default]``, which this project does not
+    install, so its API server is not started here.)"""
     # a short session path: Ray's sockets live under it (AF_UNIX paths end at 107 bytes)
     temp_dir = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
     try:

@@ -1,8 +1,8 @@
 """The driver's garbage-collector policy: long-lived objects kept out of its walks.
 
 A driver (``python -m sweep``, ``python -m sweep.capacity``) imports MLflow, SQLAlchemy,
-pandas, pyarrow, matplotlib and Ray: about 430,000 objects that live until the process
-ends, against a few thousand a point creates. CPython's cyclic collector walks all of them
+pandas, pyarrow and Ray (and the capacity search matplotlib): about 430,000 objects that
+live until the process ends, against a few thousand a point creates. CPython's cyclic collector walks all of them
 on every full collection (0.22-0.26 CPU-s each, measured on the 4-point ``mem_util_grid``
 driver) and twice more while the interpreter shuts down (1.3 s of the 1.5 s between the last
 ``atexit`` handler and the process's end). ``gc.freeze`` moves the objects alive at that

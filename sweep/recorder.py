@@ -23,7 +23,6 @@ never waits on the store.
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import math
@@ -50,6 +49,7 @@ from sweep.tracking import TrackingError, TrackingWriteError, chart_series, fini
 log = logging.getLogger(__name__)
 
 RESULTS_FILE = "results.parquet"
+STUDY_PLOT = "study.svg"  # the study's key plot, beside the results table (sweep.svg_study)
 METADATA_KEY = b"servesweep"
 # Config subtrees that describe bookkeeping, not the simulated point.
 NON_POINT_KEYS = ("tracking",)
@@ -190,9 +190,6 @@ class SweepRecorder:
         except TrackingError as err:
             raise SystemExit(f"{err}\nNothing was run.") from None
         self.claims = Claims(self.tracker)
-        if self.nested and (self.study.get("plot") or {}).get("x"):
-            # matplotlib for the study plot, drawn at the end: imported while jobs run
-            self._writer.submit(importlib.import_module, "matplotlib.figure")
         try:
             self._open_parent()
         except TrackingWriteError as err:
@@ -568,12 +565,12 @@ class SweepRecorder:
         finished = [r for r in self.rows if r["status"] == "finished"]
         if not finished or not plot.get("x") or not plot.get("y"):
             return None
-        from sweep.plots import study_plot
+        from sweep.svg_study import study_plot
 
         try:
             return study_plot(
                 pd.DataFrame(finished), plot["x"], plot["y"], plot.get("line"),
-                self.sweep_dir / "study.png", str(self.study["name"]), bool(plot.get("logy")),
+                self.sweep_dir / STUDY_PLOT, str(self.study["name"]), bool(plot.get("logy")),
             )
         except (KeyError, TypeError, ValueError, OSError) as err:
             log.warning(f"study plot skipped: {err}")

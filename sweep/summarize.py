@@ -3,7 +3,7 @@
 Reads ``results.parquet`` written by the sweep (``sweep.recorder``), prints one line per grid
 point (the config keys that vary across the sweep, then the key metrics) and draws the
 study's key plot (``study.plot`` of the sweep's config: ``y`` against ``x``, one line per
-``line``) to ``<sweep dir>/study.png`` unless told otherwise.
+``line``; ``sweep.svg_study``) to ``<sweep dir>/study.svg`` unless told otherwise.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sweep.recorder import RESULTS_FILE, read_results_table
+from sweep.recorder import RESULTS_FILE, STUDY_PLOT, read_results_table
 
 CONFIG_GROUPS = ("hardware.", "model.", "cluster.", "workload.", "slo.", "study.", "groundtruth.")
 KEY_METRICS = (
@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--x", help="plot x column (default: study.plot.x)")
     p.add_argument("--y", help="plot y column (default: study.plot.y)")
     p.add_argument("--line", help="one plot line per value of this column (default: study.plot.line)")
-    p.add_argument("--out", type=Path, help="plot file (default: <sweep dir>/study.png)")
+    p.add_argument("--out", type=Path,
+                   help=f"plot file, SVG (default: <sweep dir>/{STUDY_PLOT})")
     p.add_argument("--no-plot", action="store_true", help="print only")
     return p
 
@@ -68,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``argv`` are the arguments after ``summarize``. Returns the exit code."""
     args = _parser().parse_args(argv)
+    if args.out is not None and args.out.suffix.lower() != ".svg":
+        raise SystemExit(f"--out {args.out}: the plot is written as SVG; give a file name "
+                         "ending in .svg")
     path = args.sweep_dir / RESULTS_FILE if args.sweep_dir.is_dir() else args.sweep_dir
     if not path.is_file():
         raise SystemExit(
@@ -102,14 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     if finished.empty:
         print("no finished points: nothing to plot")
         return 1
-    from sweep.plots import study_plot
+    from sweep.svg_study import study_plot
 
-    out = args.out or path.parent / "study.png"
+    out = args.out or path.parent / STUDY_PLOT
     try:
         study_plot(finished, x, y, line or None, out, str(study.get("name", "")),
                    bool(plot.get("logy")))
     except KeyError as err:
         raise SystemExit(str(err.args[0])) from None
+    except (ValueError, OSError) as err:
+        raise SystemExit(f"plot not written to {out}: {err}") from None
     print(f"plot: {out}")
     return 0
 

@@ -83,7 +83,7 @@ def nice_ticks(lo: float, hi: float, max_ticks: int) -> list[float]:
     return [lo, hi]
 
 
-def _limits(lo: float, hi: float) -> tuple[float, float]:
+def axis_limits(lo: float, hi: float) -> tuple[float, float]:
     """An axis range from the data's: 5 % of the span beyond each end (matplotlib's default
     margins); a constant (or a span of float noise) +-5 % of its value, +-1 around 0."""
     if hi - lo <= 1e-12 * max(abs(lo), abs(hi)):
@@ -93,7 +93,7 @@ def _limits(lo: float, hi: float) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def _label(v: float, step: float) -> str:
+def tick_label(v: float, step: float) -> str:
     """A tick label with as many decimals as the step needs."""
     decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
     if abs(step * 10**decimals - round(step * 10**decimals)) > 1e-9:
@@ -131,7 +131,7 @@ def _extremes(bucket: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [bucket[i] for i in keep]
 
 
-def _runs(xs: list[float], ys: list[float]) -> list[list[tuple[float, float]]]:
+def finite_runs(xs: list[float], ys: list[float]) -> list[list[tuple[float, float]]]:
     """The finite stretches of a series of floats (a NaN or infinite sample breaks the line)."""
     runs: list[list[tuple[float, float]]] = []
     cur: list[tuple[float, float]] = []
@@ -146,7 +146,7 @@ def _runs(xs: list[float], ys: list[float]) -> list[list[tuple[float, float]]]:
     return runs
 
 
-def _text(x: float, y: float, s: str, *, anchor: str = "middle", size: float = 10,
+def svg_text(x: float, y: float, s: str, *, anchor: str = "middle", size: float = 10,
           rotate: bool = False) -> str:
     transform = f' transform="rotate(-90 {x:.2f} {y:.2f})"' if rotate else ""
     return (f'<text x="{x:.2f}" y="{y:.2f}" style="font-size: {size:g}px; {FONT}; '
@@ -172,7 +172,7 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
             if n != len(xs):
                 raise ValueError(f"series {line.key!r} has {n} samples, {x_key!r} {len(xs)}")
     finite_x = [x for x in xs if math.isfinite(x)]
-    x_lo, x_hi = _limits(min(finite_x, default=0.0), max(finite_x, default=0.0))
+    x_lo, x_hi = axis_limits(min(finite_x, default=0.0), max(finite_x, default=0.0))
     x_scale = (RIGHT - LEFT) / (x_hi - x_lo)
     columns = int(RIGHT - LEFT)
     x_ticks = nice_ticks(x_lo, x_hi, X_TICKS)  # always two or more
@@ -205,7 +205,7 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
         else:
             finite = [v for ys in line_ys.values() if ys is not None for v in ys
                       if math.isfinite(v)]
-            y_lo, y_hi = _limits(min(finite, default=0.0), max(finite, default=0.0))
+            y_lo, y_hi = axis_limits(min(finite, default=0.0), max(finite, default=0.0))
         y_scale = height / (y_hi - y_lo)
 
         def py(y: float, y_lo: float = y_lo, y_scale: float = y_scale,
@@ -224,22 +224,22 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
         power = int(math.floor(math.log10(top_abs))) if top_abs >= OFFSET_FROM else 0
         y_step = (y_ticks[1] - y_ticks[0]) / 10**power
         for t in y_ticks:
-            out.append(_text(LEFT - 6, py(t) + 3.5, _label(t / 10**power, y_step), anchor="end"))
+            out.append(svg_text(LEFT - 6, py(t) + 3.5, tick_label(t / 10**power, y_step), anchor="end"))
         if power:
             out.append(f'<text x="{LEFT:.2f}" y="{top - 4:.2f}" style="font-size: 10px; '
                        f'{FONT}; text-anchor: start">×10<tspan dy="-4" '
                        f'style="font-size: 7px">{power}</tspan></text>')
-        out.append(_text(16, top + height / 2, panel.ylabel, rotate=True))
+        out.append(svg_text(16, top + height / 2, panel.ylabel, rotate=True))
         if i == n - 1:
             for t in x_ticks:
-                out.append(_text(px(t), bottom + 14.5, _label(t, x_step)))
-            out.append(_text((LEFT + RIGHT) / 2, bottom + 29, xlabel))
+                out.append(svg_text(px(t), bottom + 14.5, tick_label(t, x_step)))
+            out.append(svg_text((LEFT + RIGHT) / 2, bottom + 29, xlabel))
         for line in panel.lines:
             ys = line_ys[line.key]
             if ys is None:
                 continue
             d = []
-            for run in _runs(xs, ys):
+            for run in finite_runs(xs, ys):
                 pts = _decimate(run, x_lo, x_scale, columns)
                 d.append("M " + " L ".join(f"{px(x):.2f} {py(y):.2f}" for x, y in pts))
             if d:
@@ -247,23 +247,33 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
                            f'style="fill: none; stroke: {line.color}; stroke-width: 1.5; '
                            'stroke-linejoin: round"/>')
         if panel.legend:
-            out.extend(_legend(panel.lines, top))
+            out.extend(legend_box(panel.lines, top))
     # the title in one line across the figure (about 0.55 em a character)
-    out.append(_text(WIDTH / 2, 13.3, title, size=min(9.0, 0.95 * WIDTH / (0.55 * max(len(title), 1)))))
+    out.append(svg_text(WIDTH / 2, 13.3, title, size=min(9.0, 0.95 * WIDTH / (0.55 * max(len(title), 1)))))
     out.append("</svg>\n")
     return "\n".join(out).encode()
 
 
-def _legend(lines: Sequence[Line], top: float) -> list[str]:
-    """A legend box in the panel's upper right corner: a line sample and a label per line."""
-    width = 36 + 6.2 * max(len(line.label) for line in lines)
-    x = RIGHT - 5 - width
+def legend_size(lines: Sequence[Line], size: float = 10.0) -> tuple[float, float]:
+    """Width and height of the legend box of ``lines`` at font ``size``."""
+    return 36 + 0.62 * size * max(len(line.label) for line in lines), 8 + 1.5 * size * len(lines)
+
+
+def legend_box(lines: Sequence[Line], top: float, right: float = RIGHT,
+               marker: bool = False, size: float = 10.0) -> list[str]:
+    """A legend box whose upper right corner is 5 units inside ``(right, top)``: a line
+    sample (with a round marker when ``marker``) and a label per line, at font ``size``."""
+    width, height = legend_size(lines, size)
+    x = right - 5 - width
     out = [f'<rect x="{x:.2f}" y="{top + 5:.2f}" width="{width:.2f}" '
-           f'height="{8 + 15 * len(lines):.2f}" rx="2" style="fill: #ffffff; opacity: 0.8; '
+           f'height="{height:.2f}" rx="2" style="fill: #ffffff; opacity: 0.8; '
            'stroke: #cccccc"/>']
     for k, line in enumerate(lines):
-        y = top + 16 + 15 * k
+        y = top + 5 + 1.1 * size + 1.5 * size * k
         out.append(f'<path d="M {x + 4:.2f} {y:.2f} h 20" style="stroke: {line.color}; '
                    'stroke-width: 1.5"/>')
-        out.append(_text(x + 30, y + 3.5, line.label, anchor="start"))
+        if marker:
+            out.append(f'<circle cx="{x + 14:.2f}" cy="{y:.2f}" r="3" '
+                       f'style="fill: {line.color}"/>')
+        out.append(svg_text(x + 30, y + 0.35 * size, line.label, anchor="start", size=size))
     return out

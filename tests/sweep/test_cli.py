@@ -51,7 +51,7 @@ def test_cli_study_fills_mlflow_and_the_results_table(tmp_path):
                              cwd=tmp_path, env=sweep_env(), capture_output=True, text=True, timeout=120)
     assert summary.returncode == 0, summary.stderr
     assert "study mem_util_grid: 6 points, 0 failed" in summary.stdout
-    assert (table_path.parent / "study.png").is_file()
+    assert (table_path.parent / "study.svg").is_file()
 
 
 def test_ctrl_c_stops_the_sweep_and_its_ray(tmp_path):

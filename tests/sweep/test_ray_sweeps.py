@@ -91,9 +91,12 @@ def test_small_sweep_logs_runs_and_writes_the_results_table(tmp_path, store):
     requests = pd.read_parquet(Path(table.loc[0, "output_dir"]) / "requests.parquet")
     assert len(requests) == 80 and "token_times_ns" in requests
 
-    out = tmp_path / "plot.png"
+    out = tmp_path / "plot.svg"
     assert summarize_main([str(sweep_dir), "--out", str(out)]) == 0
     assert out.stat().st_size > 1000
+    assert (sweep_dir / "study.svg").is_file()  # the sweep drew its own
+    with pytest.raises(SystemExit, match="ending in .svg"):
+        summarize_main([str(sweep_dir), "--out", str(tmp_path / "plot.png")])
 
 
 def test_an_infeasible_point_is_recorded_not_run_and_not_a_failure(tmp_path, store):

@@ -508,7 +508,7 @@ class SweepRecorder:
         series = value.get("timeseries") or {}
         if series:
             sink = pa.BufferOutputStream()
-            pq.write_table(pa.Table.from_pandas(pd.DataFrame(series), preserve_index=False), sink)
+            pq.write_table(pa.table(series), sink)  # columns of numbers: no pandas frame
             files.append(atomic_write(out_dir / "timeseries.parquet",
                                       sink.getvalue().to_pybytes()))
         if value.get("timeseries_svg"):

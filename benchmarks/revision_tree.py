@@ -27,12 +27,14 @@ def checkout(rev: str, dest: Path) -> Path:
     if (dest / "setup.py").is_file():
         if importlib.util.find_spec("Cython") is None:  # pip's isolated build had it, not us
             raise SystemExit(f"--compare {rev}: building its compiled core needs Cython in "
-                             f"this environment ({sys.executable}); install it with "
-                             "pip install 'cython>=3.1,<4' and rerun")
+                             f"this environment ({sys.executable}); install the version its "
+                             "pyproject.toml's build-system asks for (pip install cython) "
+                             "and rerun")
         print(f"building {rev}'s compiled core ...", file=sys.stderr, flush=True)
         built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                               cwd=dest, capture_output=True, text=True)
+                               cwd=dest, capture_output=True, text=True, errors="replace")
         if built.returncode != 0:
+            output = (built.stdout + built.stderr)[-3000:]
             raise SystemExit(f"--compare {rev}: building its compiled core in {dest} failed "
-                             f"(exit {built.returncode}):\n{built.stderr[-3000:]}")
+                             f"(exit {built.returncode}):\n{output}")
     return dest

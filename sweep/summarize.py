@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                    bool(plot.get("logy")))
     except KeyError as err:
         raise SystemExit(str(err.args[0])) from None
-    except (ValueError, OSError) as err:
+    except (TypeError, ValueError, OSError) as err:
         raise SystemExit(f"plot not written to {out}: {err}") from None
     print(f"plot: {out}")
     return 0

@@ -1,12 +1,13 @@
 """The study's key plot as an SVG line chart, written directly (no plotting library).
 
 ``study_svg`` draws ``y`` against ``x`` over a sweep's finished points, one line with round
-markers per value of ``line`` (sorted by value, each line's points sorted by ``x``), in the
-look of the time-series chart (``sweep.svg_series``: its ticks, labels and legend): a linear
-``x`` axis (or, for a column that is not numeric, one tick per category in sorted order), a
-linear or a base-10 log ``y`` axis, axis labels and the figure's title. On the log axis a
-value that is not positive has no place and is left out, breaking its line, as a NaN or
-infinite value is on either axis. The sweep driver draws it once a sweep, at the end; it
+markers per value of ``line`` (sorted by value, a missing value last as ``line=nan``; each
+line's points sorted by ``x``), in the look of the time-series chart (``sweep.svg_series``:
+its ticks, labels and legend): a linear ``x`` axis (or, for a column that is not numeric,
+its categories in sorted order, each labelled, or every k-th beyond eight), a linear or a
+base-10 log ``y`` axis (spanning at least 0.2 decades), axis labels and the figure's title.
+On the log axis a value that is not positive has no place and is left out, breaking its
+line, as a NaN or infinite value is on either axis. The sweep driver draws it once a sweep, at the end; it
 replaced a matplotlib figure whose import and drawing cost the driver about 0.75 CPU-s a
 sweep (docs/sweep.md). The same table gives the same bytes.
 """
@@ -38,6 +39,7 @@ CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e37
          "#7f7f7f", "#bcbd22", "#17becf")
 X_TICKS, Y_TICKS = 8, 7  # at most this many labelled ticks on each axis
 LEGEND_FONT = 8.0
+MIN_LOG_SPAN = 0.2  # decades: a log axis spans at least a factor of 1.58
 PLAIN_DECADES = range(-3, 5)  # log-axis ticks between decades: plain from 0.001 to 99,999
 
 
@@ -57,27 +59,32 @@ def study_svg(table: pd.DataFrame, x: str, y: str, line: str | None, title: str,
     categories = [] if numeric_x else sorted({str(v) for v in table[x]})
     position = {c: float(i) for i, c in enumerate(categories)}
 
-    def x_of(v: object) -> float:
-        return float(v) if numeric_x else position[str(v)]  # type: ignore[arg-type]
+    def floats(column: pd.Series) -> list[float]:  # a missing value (NaN, None, pd.NA) is NaN
+        return column.to_numpy(dtype=float, na_value=math.nan).tolist()  # type: ignore[no-any-return]
 
-    def y_of(v: object) -> float:
-        f = float(v)  # type: ignore[arg-type]
+    def y_of(f: float) -> float:
         if logy:
             return math.log10(f) if f > 0 and math.isfinite(f) else math.nan
         return f
 
-    groups = table.groupby(line, sort=True) if line else [(None, table)]
+    # a row whose ``line`` value is missing is a line of its own (``line=nan``), not dropped
+    groups = table.groupby(line, sort=True, dropna=False) if line else [(None, table)]
     lines: list[tuple[Line, list[float], list[float]]] = []
     for k, (value, part) in enumerate(groups):
-        part = part.assign(_x=[x_of(v) for v in part[x]]).sort_values("_x", kind="stable")
+        at = floats(part[x]) if numeric_x else [position[str(v)] for v in part[x]]
+        order = sorted(range(len(at)), key=lambda i: (math.isnan(at[i]), at[i]))
+        values = floats(part[y])
         label = f"{line}={value}" if line else y
         lines.append((Line(str(k), label, CYCLE[k % len(CYCLE)]),
-                      list(part["_x"]), [y_of(v) for v in part[y]]))
+                      [at[i] for i in order], [y_of(values[i]) for i in order]))
 
     xs = [v for _, line_x, _ in lines for v in line_x if math.isfinite(v)]
     ys = [v for _, _, line_y in lines for v in line_y if math.isfinite(v)]
     x_lo, x_hi = axis_limits(min(xs, default=0.0), max(xs, default=0.0))
     y_lo, y_hi = axis_limits(min(ys, default=0.0), max(ys, default=0.0))
+    if logy and y_hi - y_lo < MIN_LOG_SPAN:  # a (nearly) constant value: a span to label
+        mid = (y_lo + y_hi) / 2
+        y_lo, y_hi = mid - MIN_LOG_SPAN / 2, mid + MIN_LOG_SPAN / 2
     x_scale = (RIGHT - LEFT) / (x_hi - x_lo)
     y_scale = (BOTTOM - TOP) / (y_hi - y_lo)
 
@@ -127,9 +134,10 @@ def study_svg(table: pd.DataFrame, x: str, y: str, line: str | None, title: str,
         out.append("</g>")
     drawn = [[(px(a), py(b)) for a, b in run] for _, line_x, line_y in lines
              for run in finite_runs(line_x, line_y)]
-    top, right = _legend_corner([spec for spec, _, _ in lines], drawn)
-    out.extend(legend_box([spec for spec, _, _ in lines], top, right, marker=True,
-                          size=LEGEND_FONT))
+    if lines:  # none for a table without rows
+        top, right = _legend_corner([spec for spec, _, _ in lines], drawn)
+        out.extend(legend_box([spec for spec, _, _ in lines], top, right, marker=True,
+                              size=LEGEND_FONT))
     out.append(svg_text(WIDTH / 2, 15, title,
                         size=min(10.0, 0.95 * WIDTH / (0.55 * max(len(title), 1)))))
     out.append("</svg>\n")
@@ -193,8 +201,14 @@ def _y_labels(ticks: Sequence[float], py: Callable[[float], float], logy: bool) 
     time-series chart, with a ×10^k offset above the axis once values reach 10^4."""
     out = []
     if logy:
-        decades = [math.floor(t + 1e-9) for t in ticks]
-        mantissas = [float(f"{10.0 ** (t - k):.3g}") for t, k in zip(ticks, decades, strict=True)]
+        decades, mantissas = [], []
+        for t in ticks:  # a×10^k with a to three significant digits, 1 <= a < 10
+            k = math.floor(t + 1e-9)
+            m = float(f"{10.0 ** (t - k):.3g}")
+            if m >= 10:  # 9.9996 rounds to 10: the next decade
+                k, m = k + 1, m / 10
+            decades.append(k)
+            mantissas.append(m)
         plain = (any(m != 1 for m in mantissas)
                  and all(k in PLAIN_DECADES for k in decades))
         for t, k, m in zip(ticks, decades, mantissas, strict=True):

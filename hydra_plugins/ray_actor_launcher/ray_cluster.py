@@ -17,11 +17,12 @@ for ``address="local"``) started with the parameters and set-up ``ray.init`` wou
 except three processes a private single-machine Ray has no use for, which ``ray.init`` has
 no argument to leave out: the autoscaler monitor (a fixed local node has nothing to scale);
 unless the driver wants its workers' output (``log_to_driver``), the log monitor that
-forwards it; and unless the dashboard is asked for (``include_dashboard``), the API server,
-which then serves nothing and which the node start waits for. Each is a Python process
-importing Ray while the node starts; without the monitors the sweep's actors were ready
-3.5–4.5 s after Ray was asked for instead of 4.9–5.4 s, and without the API server too
-Ray's start took 2.0–2.1 s instead of 3.1–5.2 s (docs/sweep.md). The
+forwards it; and, on a minimal Ray unless the dashboard is asked for (``include_dashboard``),
+the API server, which then does nothing the sweep uses and which the node start waits for.
+Each is a Python process importing Ray while the node starts; without the monitors the
+sweep's actors were ready 3.5–4.5 s after Ray was asked for instead of 4.9–5.4 s, and
+without the API server too Ray started and had two actors ready in 2.34–2.72 s instead of
+3.66–5.58 s (docs/sweep.md). The
 driver then connects to that node with ``ray.init(address=...)``, and ``stop_ray`` stops it
 as ``ray.shutdown()`` stops a node ``ray.init`` started.
 
@@ -190,7 +191,6 @@ def start_local_node(isolation: Mapping[str, Any], **params: Any) -> Any:
         enable_token_auth_by_default,
         ensure_token_if_auth_enabled,
     )
-    from ray._private.node import Node
     from ray._private.parameter import RayParams
     from ray._private.resource_isolation_config import ResourceIsolationConfig
 
@@ -201,21 +201,37 @@ def start_local_node(isolation: Mapping[str, Any], **params: Any) -> Any:
         usage_lib.set_usage_stats_enabled_via_env_var(False)
     params["node_ip_address"] = services.resolve_ip_for_localhost(params["node_ip_address"])
     params["resource_isolation_config"] = ResourceIsolationConfig(**isolation)
-    node_class = Node if params.get("include_dashboard") else _node_without_api_server()
+    node_class = head_node_class(bool(params.get("include_dashboard")))
     return node_class(RayParams(**params), head=True, shutdown_at_exit=False,
                       spawn_reaper=True, ray_init_cluster=True)
 
 
+def head_node_class(include_dashboard: bool) -> type:
+    """The class of the private head node: Ray's ``Node``, or, without the dashboard on a
+    minimal Ray (``ray`` without ``ray[default]``'s dashboard packages, as this project
+    installs it), that node without its API server (``_node_without_api_server``). With the
+    dashboard packages installed the dashboard agent's event module waits for the API
+    server's address, so the API server stays."""
+    from ray._private.node import Node
+    from ray._private.utils import get_dashboard_dependency_error
+
+    if include_dashboard or get_dashboard_dependency_error() is None:
+        return Node
+    return _node_without_api_server()
+
+
 @functools.cache
 def _node_without_api_server() -> type:
-    """Ray's head node without its API server process, for a node with no dashboard.
+    """Ray's head node without its API server process, for a minimal Ray without the
+    dashboard (``head_node_class``).
 
     ``Node.start_head_processes`` starts the API server (``ray/dashboard/dashboard.py``)
     whatever ``include_dashboard`` says, and then polls until the process has imported Ray
-    and published its address (``services.start_api_server``). Without the dashboard it
-    loads only its usage-stats module (``--modules-to-load=UsageStatsHead``), and usage stats
-    are off here, so it serves nothing: the node then starts as it does when the API server
-    fails to start (``_webui_url`` None, which the raylet and ``ray.init`` accept)."""
+    and published its address (``services.start_api_server``). On a minimal Ray without the
+    dashboard it runs ``--minimal`` and loads only its usage-stats module
+    (``--modules-to-load=UsageStatsHead``), and usage stats are off here, so it does nothing
+    the sweep uses: the node then starts as it does when the API server fails to start
+    (``_webui_url`` None, which the raylet and ``ray.init`` accept)."""
     from ray._private.node import Node
 
     class NodeWithoutApiServer(Node):  # type: ignore[misc]

@@ -341,6 +341,20 @@ def test_a_node_without_dashboard_starts_no_api_server():
     assert node._webui_url is None and not hasattr(node, "all_processes")
 
 
+def test_the_api_server_stays_with_the_dashboard_or_its_packages(monkeypatch):
+    """Ray's own node when the dashboard is asked for, or when ``ray[default]``'s dashboard
+    packages are installed (its agent then waits for the API server); the node without the
+    API server only on a minimal Ray without the dashboard."""
+    import ray._private.utils as ray_utils
+    from ray._private.node import Node
+
+    monkeypatch.setattr(ray_utils, "get_dashboard_dependency_error", lambda: "no aiohttp_cors")
+    assert ray_cluster.head_node_class(True) is Node
+    assert ray_cluster.head_node_class(False) is ray_cluster._node_without_api_server()
+    monkeypatch.setattr(ray_utils, "get_dashboard_dependency_error", lambda: None)
+    assert ray_cluster.head_node_class(False) is Node
+
+
 @linux_only
 @pytest.mark.ray
 def test_private_ray_runs_without_monitors_and_stops_whole():
@@ -348,8 +362,7 @@ def test_private_ray_runs_without_monitors_and_stops_whole():
     without the autoscaler monitor, the log monitor or the API server; with
     ``log_to_driver`` the log monitor runs and forwards a worker's print; ``stop_ray``
     leaves no Ray process; and nothing of a node still running when the driver exits
-    outlives it. (The dashboard itself needs ``ray[default]``, which this project does not
-    install, so its API server is not started here.)"""
+    outlives it. (With ``ray[default]`` installed the API server stays.)"""
     # a short session path: Ray's sockets live under it (AF_UNIX paths end at 107 bytes)
     temp_dir = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))
     try:
@@ -365,6 +378,7 @@ sys.path.insert(0, {str(REPO)!r})
 import ray
 from hydra_plugins.ray_actor_launcher import ray_cluster
 from tests.hydra_plugins.test_ray_cluster import _monitors
+from ray._private.utils import get_dashboard_dependency_error
 
 class Tee(io.TextIOBase):  # the driver's console, recorded
     def __init__(self, out): self.out, self.text = out, []
@@ -378,7 +392,9 @@ for log in (False, True):
                                           "_temp_dir": {str(temp_dir)!r}}})
     names = {{p.name for p in ray_cluster.ray_processes().values()}}
     assert {{"gcs_server", "raylet"}} <= names, names
-    assert _monitors() == (["log"] if log else []), _monitors()
+    # the API server only where ray[default]'s dashboard packages are installed
+    api = [] if get_dashboard_dependency_error() is not None else ["dashboard"]
+    assert _monitors() == sorted((["log"] if log else []) + api), _monitors()
     ray.get(ray.remote(lambda: print("from-a-worker")).remote())
     deadline = time.monotonic() + (20 if log else 2)
     while not seen() and time.monotonic() < deadline:

@@ -9,7 +9,16 @@ import xml.etree.ElementTree as ET
 import pandas as pd
 import pytest
 
-from sweep.svg_study import BOTTOM, LEFT, RIGHT, TOP, _log_ticks, study_plot, study_svg
+from sweep.svg_study import (
+    BOTTOM,
+    LEFT,
+    RIGHT,
+    TOP,
+    _log_ticks,
+    study_plot,
+    study_svg,
+)
+from sweep.svg_study import _y_labels as y_label_elements
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -39,9 +48,13 @@ def _lines(svg: bytes) -> list[list[list[tuple[float, float]]]]:
 
 
 def _texts(svg: bytes) -> list[tuple[float, float, str]]:
+    """Each text's place and content, a raised span written as ``^`` and its text."""
     root = ET.fromstring(svg)
-    return [(float(t.get("x")), float(t.get("y")), "".join(t.itertext()))
-            for t in root.iter(f"{SVG}text")]
+    out = []
+    for t in root.iter(f"{SVG}text"):
+        text = (t.text or "") + "".join(f"^{span.text}{span.tail or ''}" for span in t)
+        out.append((float(t.get("x")), float(t.get("y")), text))
+    return out
 
 
 def _y_labels(svg: bytes) -> list[str]:
@@ -81,7 +94,7 @@ def test_log_axis_places_decades_evenly_and_drops_nonpositive_values():
     assert [len(r) for r in runs] == [2, 1]  # 0 has no place on a log axis
     ys = [p[1] for r in runs for p in r]
     assert ys[0] - ys[1] == pytest.approx((ys[1] - ys[2]) / 2, abs=0.01)  # 1 and 2 decades
-    assert _y_labels(svg) == ["104", "103", "102", "101"]  # 10^k, the exponent raised
+    assert _y_labels(svg) == ["10^4", "10^3", "10^2", "10^1"]
 
 
 def test_log_ticks_between_decades():
@@ -123,3 +136,37 @@ def test_refuses_missing_columns_and_a_non_numeric_y(tmp_path):
         study_svg(_grid(), "rate", "name", None, "t")
     out = study_plot(_grid(), "rate", "ttft", "util", tmp_path / "s.svg", "t", logy=True)
     assert out.read_bytes() == study_svg(_grid(), "rate", "ttft", "util", "t", logy=True)
+
+
+def test_a_missing_line_value_is_its_own_line_and_no_rows_draw_no_legend():
+    frame = _grid()
+    frame.loc[frame.rate == 2, "util"] = math.nan
+    svg = study_svg(frame, "rate", "ttft", "util", "t")
+    assert len(_lines(svg)) == 3 and "util=nan" in [s for _, _, s in _texts(svg)]
+    assert len(_lines(study_svg(frame.assign(util=math.nan), "rate", "ttft", "util", "t"))) == 1
+    empty = study_svg(frame.iloc[:0], "rate", "ttft", "util", "t")
+    assert _lines(empty) == [] and b"<rect" in empty  # axes, no legend, no error
+
+
+def test_nullable_columns_read_missing_values_as_gaps():
+    frame = pd.DataFrame({"x": pd.array([1, 2, 3], dtype="Int64"),
+                          "y": pd.array([1.0, pd.NA, 3.0], dtype="Float64")})
+    ((first, second),) = _lines(study_svg(frame, "x", "y", None, "t"))
+    assert len(first) == len(second) == 1
+
+
+def test_a_constant_on_a_log_axis_gets_distinct_labels():
+    for value in (1.0, 1.0001, 1000.0, 3.3e-7, 9.9999e-6):
+        svg = study_svg(pd.DataFrame({"x": [1, 2], "y": [value, value]}), "x", "y", None, "t",
+                        logy=True)
+        labels = _y_labels(svg)
+        assert len(labels) >= 2 and len(set(labels)) == len(labels), (value, labels)
+        assert not any(label.startswith("10×") for label in labels), (value, labels)
+
+
+def test_a_mantissa_that_rounds_to_ten_is_the_next_decade():
+    ticks = [math.log10(9.9996e-6), math.log10(1.3e5), math.log10(9.9996e5)]
+    root = ET.fromstring("<svg xmlns='http://www.w3.org/2000/svg'>"
+                         + "".join(y_label_elements(ticks, lambda t: 0.0, True)) + "</svg>")
+    labels = [(t.text or "") + "".join(f"^{s.text}" for s in t) for t in root.iter(f"{SVG}text")]
+    assert labels == ["10^-5", "1.3×10^5", "10^6"]

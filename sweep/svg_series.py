@@ -16,7 +16,7 @@ output depends only on the input: the same series and title give the same bytes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
@@ -146,6 +146,28 @@ def finite_runs(xs: list[float], ys: list[float]) -> list[list[tuple[float, floa
     return runs
 
 
+def raised_power_text(x: float, y: float, head: str, exponent: int, anchor: str) -> str:
+    """``head`` then 10 to the power ``exponent`` (raised, smaller) as one SVG text."""
+    return (f'<text x="{x:.2f}" y="{y:.2f}" style="font-size: 10px; {FONT}; '
+            f'text-anchor: {anchor}">{escape(head)}10<tspan dy="-4" '
+            f'style="font-size: 7px">{exponent}</tspan></text>')
+
+
+def linear_y_labels(ticks: Sequence[float], py: Callable[[float], float], left: float,
+                    top: float) -> list[str]:
+    """The labels of a linear y axis whose frame has its left edge at ``left`` and its top at
+    ``top`` (``py`` places a value; ``ticks`` from ``nice_ticks``, two or more): each tick's
+    value, with a ×10^k offset above the axis once the values reach ``OFFSET_FROM``."""
+    top_abs = max(abs(ticks[0]), abs(ticks[-1]))
+    power = int(math.floor(math.log10(top_abs))) if top_abs >= OFFSET_FROM else 0
+    step = (ticks[1] - ticks[0]) / 10**power
+    out = [svg_text(left - 6, py(t) + 3.5, tick_label(t / 10**power, step), anchor="end")
+           for t in ticks]
+    if power:
+        out.append(raised_power_text(left, top - 4, "×", power, "start"))
+    return out
+
+
 def svg_text(x: float, y: float, s: str, *, anchor: str = "middle", size: float = 10,
           rotate: bool = False) -> str:
     transform = f' transform="rotate(-90 {x:.2f} {y:.2f})"' if rotate else ""
@@ -219,16 +241,7 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
         y_ticks = nice_ticks(y_lo, y_hi, Y_TICKS)
         ticks += "".join(f"M {LEFT:.2f} {py(t):.2f} h -3.5 " for t in y_ticks)
         out.append(f'<path d="{ticks.strip()}"/></g>')
-        # y tick labels, with a power-of-ten offset once values reach OFFSET_FROM
-        top_abs = max(abs(y_ticks[0]), abs(y_ticks[-1]))
-        power = int(math.floor(math.log10(top_abs))) if top_abs >= OFFSET_FROM else 0
-        y_step = (y_ticks[1] - y_ticks[0]) / 10**power
-        for t in y_ticks:
-            out.append(svg_text(LEFT - 6, py(t) + 3.5, tick_label(t / 10**power, y_step), anchor="end"))
-        if power:
-            out.append(f'<text x="{LEFT:.2f}" y="{top - 4:.2f}" style="font-size: 10px; '
-                       f'{FONT}; text-anchor: start">×10<tspan dy="-4" '
-                       f'style="font-size: 7px">{power}</tspan></text>')
+        out.extend(linear_y_labels(y_ticks, py, LEFT, top))
         out.append(svg_text(16, top + height / 2, panel.ylabel, rotate=True))
         if i == n - 1:
             for t in x_ticks:

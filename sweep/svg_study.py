@@ -21,13 +21,14 @@ from pathlib import Path
 import pandas as pd
 
 from sweep.svg_series import (
-    FONT,
     Line,
     axis_limits,
     finite_runs,
     legend_box,
     legend_size,
+    linear_y_labels,
     nice_ticks,
+    raised_power_text,
     svg_text,
     tick_label,
 )
@@ -118,22 +119,21 @@ def study_svg(table: pd.DataFrame, x: str, y: str, line: str | None, title: str,
     for t in x_ticks:
         text = categories[int(t)] if categories else tick_label(t, x_step)
         out.append(svg_text(px(t), BOTTOM + 14.5, text))
-    out.extend(_y_labels(y_ticks, py, logy))
+    out.extend(_log_y_labels(y_ticks, py) if logy else linear_y_labels(y_ticks, py, LEFT, TOP))
     out.append(svg_text((LEFT + RIGHT) / 2, BOTTOM + 31, x))
     out.append(svg_text(14, (TOP + BOTTOM) / 2, y, rotate=True))
+    drawn: list[list[tuple[float, float]]] = []  # every line's finite runs, in frame units
     for spec, line_x, line_y in lines:
-        d = ["M " + " L ".join(f"{px(a):.2f} {py(b):.2f}" for a, b in run)
-             for run in finite_runs(line_x, line_y)]
-        if not d:
+        runs = [[(px(a), py(b)) for a, b in run] for run in finite_runs(line_x, line_y)]
+        if not runs:
             continue
+        drawn += runs
+        d = " ".join("M " + " L ".join(f"{a:.2f} {b:.2f}" for a, b in run) for run in runs)
         out.append(f'<g clip-path="url(#frame)" style="fill: {spec.color}">')
-        out.append(f'<path d="{" ".join(d)}" style="fill: none; stroke: {spec.color}; '
+        out.append(f'<path d="{d}" style="fill: none; stroke: {spec.color}; '
                    'stroke-width: 1.5; stroke-linejoin: round"/>')
-        out.extend(f'<circle cx="{px(a):.2f}" cy="{py(b):.2f}" r="3"/>'
-                   for run in finite_runs(line_x, line_y) for a, b in run)
+        out.extend(f'<circle cx="{a:.2f}" cy="{b:.2f}" r="3"/>' for run in runs for a, b in run)
         out.append("</g>")
-    drawn = [[(px(a), py(b)) for a, b in run] for _, line_x, line_y in lines
-             for run in finite_runs(line_x, line_y)]
     if lines:  # none for a table without rows
         top, right = _legend_corner([spec for spec, _, _ in lines], drawn)
         out.extend(legend_box([spec for spec, _, _ in lines], top, right, marker=True,
@@ -194,41 +194,25 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
     return [lo, hi]
 
 
-def _y_labels(ticks: Sequence[float], py: Callable[[float], float], logy: bool) -> list[str]:
-    """The y tick labels: on a log axis (``ticks`` are log10 of the values, ``py`` places
-    them) powers of ten as 10^k, and ticks between them to three significant digits as plain
-    numbers when all lie from 0.001 to 99,999, else as a×10^k (the exponent raised); on a linear axis as on the
-    time-series chart, with a ×10^k offset above the axis once values reach 10^4."""
+def _log_y_labels(ticks: Sequence[float], py: Callable[[float], float]) -> list[str]:
+    """The labels of a log y axis (``ticks`` are log10 of the values, ``py`` places them):
+    powers of ten as 10^k, and ticks between them to three significant digits, as plain
+    numbers when all lie from 0.001 to 99,999, else as a×10^k (the exponent raised)."""
+    decades, mantissas = [], []
+    for t in ticks:  # a×10^k with a to three significant digits, 1 <= a < 10
+        k = math.floor(t + 1e-9)
+        m = float(f"{10.0 ** (t - k):.3g}")
+        if m >= 10:  # 9.9996 rounds to 10: the next decade
+            k, m = k + 1, m / 10
+        decades.append(k)
+        mantissas.append(m)
+    plain = any(m != 1 for m in mantissas) and all(k in PLAIN_DECADES for k in decades)
     out = []
-    if logy:
-        decades, mantissas = [], []
-        for t in ticks:  # a×10^k with a to three significant digits, 1 <= a < 10
-            k = math.floor(t + 1e-9)
-            m = float(f"{10.0 ** (t - k):.3g}")
-            if m >= 10:  # 9.9996 rounds to 10: the next decade
-                k, m = k + 1, m / 10
-            decades.append(k)
-            mantissas.append(m)
-        plain = (any(m != 1 for m in mantissas)
-                 and all(k in PLAIN_DECADES for k in decades))
-        for t, k, m in zip(ticks, decades, mantissas, strict=True):
-            if plain:  # three significant digits, no trailing zeros
-                text = f"{float(f'{10.0**t:.3g}'):f}".rstrip("0").rstrip(".")
-                out.append(svg_text(LEFT - 6, py(t) + 3.5, text, anchor="end"))
-                continue
-            head = "" if m == 1 else f"{m:g}×"
-            out.append(f'<text x="{LEFT - 6:.2f}" y="{py(t) + 3.5:.2f}" style="font-size: '
-                       f'10px; {FONT}; text-anchor: end">{head}10<tspan dy="-4" '
-                       f'style="font-size: 7px">{k}</tspan></text>')
-        return out
-    top_abs = max(abs(ticks[0]), abs(ticks[-1]))
-    power = int(math.floor(math.log10(top_abs))) if top_abs >= 1e4 else 0
-    step = (ticks[1] - ticks[0]) / 10**power if len(ticks) > 1 else 1.0
-    for t in ticks:
-        out.append(svg_text(LEFT - 6, py(t) + 3.5, tick_label(t / 10**power, step),
-                            anchor="end"))
-    if power:
-        out.append(f'<text x="{LEFT:.2f}" y="{TOP - 4:.2f}" style="font-size: 10px; {FONT}; '
-                   f'text-anchor: start">×10<tspan dy="-4" style="font-size: 7px">{power}'
-                   '</tspan></text>')
+    for t, k, m in zip(ticks, decades, mantissas, strict=True):
+        if plain:  # three significant digits, no trailing zeros
+            text = f"{float(f'{10.0**t:.3g}'):f}".rstrip("0").rstrip(".")
+            out.append(svg_text(LEFT - 6, py(t) + 3.5, text, anchor="end"))
+        else:
+            out.append(raised_power_text(LEFT - 6, py(t) + 3.5, "" if m == 1 else f"{m:g}×",
+                                         k, "end"))
     return out

@@ -18,7 +18,7 @@ from sweep.svg_study import (
     study_plot,
     study_svg,
 )
-from sweep.svg_study import _y_labels as y_label_elements
+from sweep.svg_study import _log_y_labels as log_y_label_elements
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -167,6 +167,6 @@ def test_a_constant_on_a_log_axis_gets_distinct_labels():
 def test_a_mantissa_that_rounds_to_ten_is_the_next_decade():
     ticks = [math.log10(9.9996e-6), math.log10(1.3e5), math.log10(9.9996e5)]
     root = ET.fromstring("<svg xmlns='http://www.w3.org/2000/svg'>"
-                         + "".join(y_label_elements(ticks, lambda t: 0.0, True)) + "</svg>")
+                         + "".join(log_y_label_elements(ticks, lambda t: 0.0)) + "</svg>")
     labels = [(t.text or "") + "".join(f"^{s.text}" for s in t) for t in root.iter(f"{SVG}text")]
     assert labels == ["10^-5", "1.3×10^5", "10^6"]

@@ -8,17 +8,29 @@ from __future__ import annotations
 
 import importlib
 import os
+import pickle
 import traceback
 from typing import Any
 
 from hydra.core.singleton import Singleton
-from hydra.core.utils import JobReturn, JobStatus, run_job, setup_globals
+from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
+
+from hydra_plugins.ray_actor_launcher.job_run import run_job
 
 
 class JobFailure(RuntimeError):
     """A job's exception, carried back to the driver as text (tracebacks do not pickle)."""
+
+
+def pickle_config(config: DictConfig) -> bytes:
+    """A job's config as it travels to an actor: pickled by the driver, unpickled by the
+    actor once Hydra's state is installed. Installing it (``Singleton.set_state``) scans
+    Hydra's plugins, which executes their modules again and so redefines their classes
+    (``Plugins._scan_all_plugins``); a config Ray unpickled with the call's arguments, before
+    that, would hold classes its copies by pickling (``job_run.run_job``) no longer find."""
+    return pickle.dumps(config, pickle.HIGHEST_PROTOCOL)
 
 
 class JobRunner:
@@ -36,18 +48,20 @@ class JobRunner:
         self,
         idx: int,
         hydra_context: HydraContext,
-        sweep_config: DictConfig,
+        pickled_config: bytes,
         task_function: TaskFunction,
         singleton_state: dict[Any, Any],
         state_key: str,
     ) -> tuple[int, JobReturn]:
-        """Run job ``idx``; Hydra's global state is installed once per ``state_key``."""
+        """Run job ``idx`` on its config (``pickled_config``, see ``pickle_config``); Hydra's
+        global state is installed once per ``state_key``."""
         setup_globals()
         if state_key != self._state_key:  # the same for every job of one launch
             Singleton.set_state(singleton_state)
             self._state_key = state_key
+        sweep_config = pickle.loads(pickled_config)  # after the state (pickle_config)
         # No HydraConfig.set_config here: run_job installs the job's config itself first
-        # (hydra/core/utils.py), and the config was composed in the driver.
+        # (job_run.py, as hydra/core/utils.py), and the config was composed in the driver.
         ret = run_job(
             hydra_context=hydra_context,
             task_function=task_function,

@@ -300,6 +300,7 @@ class RayActorLauncher(Launcher):
             self._startup.wait_started()  # re-raises a failed start, its import of Ray included
             import ray
 
+            from hydra_plugins.ray_actor_launcher._actor import pickle_config
             from hydra_plugins.ray_actor_launcher._pool import ActorSet
 
             self._check_exposure()
@@ -317,7 +318,8 @@ class RayActorLauncher(Launcher):
             state_key = uuid.uuid4().hex
 
             def submit(actor: Any, item: tuple[int, DictConfig]) -> Any:
-                return actor.run.remote(item[0], ctx_ref, item[1], fn_ref, state_ref, state_key)
+                return actor.run.remote(item[0], ctx_ref, pickle_config(item[1]), fn_ref,
+                                        state_ref, state_key)
 
             pool.health = self._cluster_health(ray)
             try:

@@ -36,11 +36,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import DictConfig, OmegaConf
-from omegaconf._utils import get_omega_conf_dumper
 
+from hydra_plugins.ray_actor_launcher.job_run import yaml_text
 from sweep.claims import Claims, Decision, PointClaim
 from sweep.config_hash import HASH_KEY, point_hash
 from sweep.gc_policy import launch_ended, long_lived
@@ -87,10 +86,10 @@ def task_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def config_yaml(point: dict[str, Any]) -> str:
-    """``point`` (a ``task_config``) as YAML, the text ``OmegaConf.to_yaml`` gives for it:
-    OmegaConf's own dumper and options, without building a config from the dict first."""
-    return yaml.dump(point, Dumper=get_omega_conf_dumper(), default_flow_style=False,
-                     allow_unicode=True, sort_keys=False)
+    """``point`` (a ``task_config``) as YAML, the text ``OmegaConf.to_yaml`` gives for it
+    (OmegaConf's representer and options, emitted by libyaml: ``job_run.yaml_text``, which
+    also writes each job's ``.hydra`` files), without building a config from the dict."""
+    return yaml_text(point)
 
 
 def atomic_write(path: Path, data: bytes | str) -> Path:

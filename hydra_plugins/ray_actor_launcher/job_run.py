@@ -36,12 +36,16 @@ nothing, and this one 21 ms (``python benchmarks/job_run.py``), against a bare
   interpolation into the rest of the config. Here the ``hydra`` node is copied alone, its
   parent already the copy, through pickling (``detached_copy``).
 * The three files are emitted by libyaml (``yaml.CDumper`` with OmegaConf's representer of
-  strings): 13 ms → 5 ms. The bytes are OmegaConf's ``to_yaml``'s for the project's configs.
-  For text with characters outside Unicode's basic plane (or NEL), libyaml writes escapes
-  where PyYAML's emitter writes the characters. libyaml's text reads back as the values
-  written, for any text (``tests/hydra_plugins/test_job_run.py``); PyYAML's does not always
-  (a NEL written raw into a single-quoted scalar reads back as a space). Without libyaml
-  the files are written by ``OmegaConf.to_yaml``.
+  strings): 13 ms → 5 ms. The bytes are ``OmegaConf.to_yaml``'s for printable text of
+  Unicode's basic plane: every sweep experiment's configs (``tests/hydra_plugins/
+  test_job_run.py``) and random points (``tests/sweep/test_recorder.py``). Control
+  characters, characters beyond the basic plane, empty keys and keys of 128 UTF-8 bytes or
+  more (PyYAML counts characters) libyaml writes in other valid forms (escapes, ``? key``
+  entries). libyaml's text reads back as the values written, for any text
+  (``tests/hydra_plugins/test_job_run.py``); PyYAML's does not always (a NEL written raw
+  into a single-quoted scalar reads back as a space). Without libyaml
+  the files are written by OmegaConf's own dumper. The sweep's recorder writes each
+  point's ``config_resolved.yaml`` through the same ``yaml_text``.
 
 A job that leaves ``hydra.job.chdir`` unset under a ``version_base`` before 1.2 (Hydra then
 warns and changes directory) runs through Hydra's ``run_job`` itself. The project pins
@@ -88,14 +92,19 @@ def _libyaml_dumper() -> type | None:
 _DUMPER = _libyaml_dumper()
 
 
-def config_yaml(cfg: DictConfig | ListConfig) -> str:
-    """``OmegaConf.to_yaml(cfg)`` (unresolved, keys in order), emitted by libyaml."""
-    if _DUMPER is None:
-        return OmegaConf.to_yaml(cfg)
-    container = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
-    text: str = yaml.dump(container, Dumper=_DUMPER, default_flow_style=False,
+def yaml_text(container: Any) -> str:
+    """Plain containers (a config's ``OmegaConf.to_container(..., enum_to_str=True)``) as
+    YAML the way ``OmegaConf.to_yaml`` writes them (its representer and options, keys in
+    order), emitted by libyaml where PyYAML has it."""
+    dumper = get_omega_conf_dumper() if _DUMPER is None else _DUMPER
+    text: str = yaml.dump(container, Dumper=dumper, default_flow_style=False,
                           allow_unicode=True, sort_keys=False)
     return text
+
+
+def config_yaml(cfg: DictConfig | ListConfig) -> str:
+    """``OmegaConf.to_yaml(cfg)`` (unresolved, keys in order), emitted by libyaml."""
+    return yaml_text(OmegaConf.to_container(cfg, resolve=False, enum_to_str=True))
 
 
 def _write_config(cfg: DictConfig | ListConfig, name: str, folder: Path) -> None:

@@ -29,32 +29,35 @@ nothing, and this one 21 ms (``python benchmarks/job_run.py``), against a bare
   install copies the ``hydra`` node (``OmegaConf.masked_copy``, 4.4 ms). Here it is
   installed once, and the output directory is set in the installed copy as in the config.
 * Hydra deep-copies the config for the task (``copy.deepcopy``, 8.8 ms); here it is copied
-  through OmegaConf's pickling (``compose.copy_config``, 2.7 ms).
-* Hydra deep-copies the installed Hydra config for ``JobReturn.hydra_cfg`` (5.0 ms). The
-  deep copy also copies the whole job config, the ``hydra`` node's parent, and then drops
-  it: the copy's ``hydra`` node is re-parented to the copy, so ``hydra_cfg`` resolves no
-  interpolation into the rest of the config. Here the ``hydra`` node is copied alone, its
-  parent already the copy, through pickling (``detached_copy``).
+  through OmegaConf's pickling (``compose.copy_config``, 2.7 ms). A config holding a value
+  pickling does not take (an object in an ``allow_objects`` config) is deep-copied.
+* Hydra deep-copies the installed Hydra config for ``JobReturn.hydra_cfg`` (5.0 ms); the
+  copy's ``hydra`` node is parented to the copy, so it resolves no interpolation into the
+  rest of the job's config. Here the same copy is made through pickling
+  (``detached_copy``). Like Hydra, the job's ``hydra.job.chdir`` and ``env_set`` are read
+  from that copy.
 * The three files are emitted by libyaml (``yaml.CDumper`` with OmegaConf's representer of
   strings): 13 ms → 5 ms. The bytes are ``OmegaConf.to_yaml``'s for printable text of
   Unicode's basic plane: every sweep experiment's configs (``tests/hydra_plugins/
   test_job_run.py``) and random points (``tests/sweep/test_recorder.py``). Control
-  characters, characters beyond the basic plane, empty keys and keys of 128 UTF-8 bytes or
-  more (PyYAML counts characters) libyaml writes in other valid forms (escapes, ``? key``
-  entries). libyaml's text reads back as the values written, for any text
+  characters, characters beyond the basic plane, empty keys, keys of 128 UTF-8 bytes or
+  more (PyYAML counts characters) and the tags of Python objects libyaml writes in other
+  valid forms (escapes, ``? key`` entries, URI-escaped tags). libyaml's text reads back as the values written, for any text
   (``tests/hydra_plugins/test_job_run.py``); PyYAML's does not always (a NEL written raw
   into a single-quoted scalar reads back as a space). Without libyaml
   the files are written by OmegaConf's own dumper. The sweep's recorder writes each
   point's ``config_resolved.yaml`` through the same ``yaml_text``.
 
-A job that leaves ``hydra.job.chdir`` unset under a ``version_base`` before 1.2 (Hydra then
-warns and changes directory) runs through Hydra's ``run_job`` itself. The project pins
+Under a ``version_base`` before 1.2 (where an unset ``hydra.job.chdir`` makes Hydra warn
+and change directory) a job runs through Hydra's ``run_job`` itself. The project pins
 ``hydra-core<1.4``, and the tests compare against the installed Hydra's ``run_job``.
 """
 
 from __future__ import annotations
 
+import copy
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,26 +115,28 @@ def _write_config(cfg: DictConfig | ListConfig, name: str, folder: Path) -> None
     (folder / name).write_text(config_yaml(cfg), encoding="utf-8")
 
 
+def _copy(cfg: DictConfig) -> DictConfig:
+    """A deep copy of ``cfg`` through OmegaConf's pickling (``compose.copy_config``), or
+    ``copy.deepcopy`` for a config holding a value pickling does not take (an object in an
+    ``allow_objects`` config), which the deep copy shares."""
+    try:
+        return copy_config(cfg)
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return copy.deepcopy(cfg)
+
+
 def detached_copy(installed: DictConfig) -> DictConfig:
     """A copy of ``HydraConfig``'s config (``{"hydra": node}``, the node's parent the job's
-    config) whose node's parent is the copy itself, as ``copy.deepcopy`` leaves it; without
-    the job's config, which the deep copy copies too and then drops."""
+    config) whose node's parent is the copy itself, as ``copy.deepcopy`` leaves it (which
+    copies each child without its parent link and then re-parents it): interpolations in
+    the copy reach only its own ``hydra`` node."""
     node = installed.hydra
     parent = node._get_parent()
     node._set_parent(installed)
     try:
-        return copy_config(installed)
+        return _copy(installed)
     finally:
         node._set_parent(parent)
-
-
-def _changes_directory(config: DictConfig) -> bool | None:
-    """``hydra.job.chdir``; unset means no change from ``version_base`` 1.2 on, and None
-    (Hydra's own warning and change of directory) before."""
-    chdir = config.hydra.job.chdir
-    if chdir is None and version.base_at_least("1.2"):
-        return False
-    return None if chdir is None else bool(chdir)
 
 
 def run_job(
@@ -144,8 +149,7 @@ def run_job(
 ) -> JobReturn:
     """Run ``task_function`` on job ``config`` as Hydra's ``run_job`` does (module doc)."""
     _check_hydra_context(hydra_context)
-    chdir = _changes_directory(config)
-    if chdir is None:  # the pre-1.2 default, with Hydra's warning: Hydra's own run_job
+    if not version.base_at_least("1.2"):  # Hydra's own, with its pre-1.2 chdir default
         return hydra_run_job(hydra_context=hydra_context, task_function=task_function,
                              config=config, job_dir_key=job_dir_key,
                              job_subdir_key=job_subdir_key,
@@ -164,16 +168,18 @@ def run_job(
     entered = False
     try:
         ret = JobReturn()
-        task_cfg = copy_config(config)
+        task_cfg = _copy(config)
         with read_write(task_cfg), open_dict(task_cfg):
             del task_cfg["hydra"]
         ret.cfg = task_cfg
-        ret.hydra_cfg = detached_copy(installed)
+        hydra_cfg = ret.hydra_cfg = detached_copy(installed)
         overrides = OmegaConf.to_container(config.hydra.overrides.task)
         assert isinstance(overrides, list)
         ret.overrides = overrides
         Path(output_dir).mkdir(parents=True, exist_ok=True)
-        if chdir:
+        # read from the detached copy, as Hydra reads them: no interpolation into the job's
+        # config, ${hydra:...} from the job's HydraConfig, and unset means no change (1.2 on)
+        if hydra_cfg.hydra.job.chdir:
             os.chdir(output_dir)
             entered = True
             ret.working_dir = output_dir
@@ -184,9 +190,9 @@ def run_job(
         if config.hydra.output_subdir is not None:
             folder = Path(config.hydra.runtime.output_dir) / Path(config.hydra.output_subdir)
             _write_config(task_cfg, "config.yaml", folder)
-            _write_config(ret.hydra_cfg, "hydra.yaml", folder)
+            _write_config(hydra_cfg, "hydra.yaml", folder)
             _write_config(config.hydra.overrides.task, "overrides.yaml", folder)
-        _run_task(hydra_context, task_function, config, task_cfg, installed, ret)
+        _run_task(hydra_context, task_function, config, task_cfg, hydra_cfg, ret)
         ret.task_name = JobRuntime.instance().get("name")
         _flush_loggers()
         hydra_context.callbacks.on_job_end(config=config, job_return=ret)
@@ -198,11 +204,11 @@ def run_job(
 
 
 def _run_task(hydra_context: HydraContext, task_function: Callable[[DictConfig], Any],
-              config: DictConfig, task_cfg: DictConfig, installed: DictConfig,
+              config: DictConfig, task_cfg: DictConfig, hydra_cfg: DictConfig,
               ret: JobReturn) -> None:
-    """The task under ``hydra.job.env_set``, after the callbacks' ``on_job_start``; its
-    result or its exception into ``ret``."""
-    with env_override(installed.hydra.job.env_set):
+    """The task under ``hydra.job.env_set`` (of the detached ``hydra_cfg``), after the
+    callbacks' ``on_job_start``; its result or its exception into ``ret``."""
+    with env_override(hydra_cfg.hydra.job.env_set):
         hydra_context.callbacks.on_job_start(config=config, task_function=task_function)
         try:
             ret.return_value = task_function(task_cfg)

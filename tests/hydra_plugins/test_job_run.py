@@ -37,12 +37,15 @@ ENV_KEY = "SERVESWEEP_JOB_RUN_PROBE"
 class Probe:
     """Callbacks and a task that note what they see."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
+    def __init__(self, fail: bool = False, fail_start: bool = False) -> None:
+        self.fail, self.fail_start = fail, fail_start
         self.seen: list[Any] = []
 
     def on_job_start(self, config: DictConfig, task_function: Any, **kw: Any) -> None:
-        self.seen.append(("start", OmegaConf.to_yaml(config), task_function is self.task))
+        self.seen.append(("start", OmegaConf.to_yaml(config), task_function is self.task,
+                          OmegaConf.to_yaml(HydraConfig.get())))
+        if self.fail_start:
+            raise RuntimeError("a callback failed")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kw: Any) -> None:
         self.seen.append(("end", OmegaConf.to_yaml(config), job_return.status))
@@ -86,26 +89,36 @@ def _resolved(cfg: DictConfig) -> Any:
         return type(err).__name__, str(err)
 
 
-def _run(fn: Any, cfg: DictConfig, fail: bool, configure_logging: bool = True) -> dict:
-    """Everything a run of ``fn`` shows: the JobReturn, the callbacks' and the task's view,
-    the files, and the process's state after."""
-    probe = Probe(fail)
+def _run(fn: Any, cfg: DictConfig, fail: bool, configure_logging: bool = True,
+         fail_start: bool = False) -> dict:
+    """Everything a run of ``fn`` shows: the JobReturn (or the error it raised), the
+    callbacks' and the task's view, the files, and the process's state after."""
+    probe = Probe(fail, fail_start)
     context = HydraContext(config_loader=GlobalHydra.instance().config_loader(),
                            callbacks=probe)  # type: ignore[arg-type]
     before = HydraConfig.instance().cfg
     cwd = os.getcwd()
+    raised = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ret = fn(hydra_context=context, task_function=probe.task, config=cfg,
-                 job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
-                 configure_logging=configure_logging)
+        try:
+            ret = fn(hydra_context=context, task_function=probe.task, config=cfg,
+                     job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
+                     configure_logging=configure_logging)
+        except Exception as err:  # compared: both raise the same, leaving the same state
+            raised, ret = (type(err).__name__, str(err)), None
+    state = {"raised": raised, "seen": probe.seen,
+             "restored": HydraConfig.instance().cfg is before and os.getcwd() == cwd}
     out = Path(cfg.hydra.sweep.dir)
     files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
              if p.is_file() and p.suffix != ".log"}
     logs = sorted(str(p.relative_to(out)) for p in out.rglob("*.log"))
-    shutil.rmtree(out)
+    shutil.rmtree(out, ignore_errors=True)
+    state.update(files=files, logs=logs)
+    if ret is None:
+        return state
     value = ret._return_value
-    return {
+    return state | {
         "status": ret.status,
         "value": (type(value).__name__, str(value)) if isinstance(value, Exception) else value,
         "cfg": OmegaConf.to_yaml(ret.cfg),
@@ -114,22 +127,20 @@ def _run(fn: Any, cfg: DictConfig, fail: bool, configure_logging: bool = True) -
         "hydra_resolved": _resolved(ret.hydra_cfg),
         "hydra_flags": OmegaConf.is_readonly(ret.hydra_cfg.hydra),
         "hydra_parent": OmegaConf.to_yaml(ret.hydra_cfg.hydra._get_parent()),
+        "hydra_parent_is_root": ret.hydra_cfg.hydra._get_parent() is ret.hydra_cfg,
         "overrides": ret.overrides,
         "working_dir": ret.working_dir,
         "task_name": ret.task_name,
-        "seen": probe.seen,
-        "files": files,
-        "logs": logs,
         "warnings": [(w.category.__name__, str(w.message)) for w in caught],
         "config_after": OmegaConf.to_yaml(cfg),
-        "restored": HydraConfig.instance().cfg is before and os.getcwd() == cwd,
     }
 
 
-def _compare(cfg_of: Any, fail: bool = False, configure_logging: bool = True) -> dict:
+def _compare(cfg_of: Any, fail: bool = False, configure_logging: bool = True,
+             fail_start: bool = False) -> dict:
     cfg = cfg_of()  # once: its ${now:} dirs resolve to the same time for both
-    hydra = _run(hydra_run_job, copy.deepcopy(cfg), fail, configure_logging)
-    ours = _run(job_run.run_job, copy.deepcopy(cfg), fail, configure_logging)
+    hydra = _run(hydra_run_job, copy.deepcopy(cfg), fail, configure_logging, fail_start)
+    ours = _run(job_run.run_job, copy.deepcopy(cfg), fail, configure_logging, fail_start)
     assert ours.keys() == hydra.keys()
     for key in hydra:
         if key == "seen":  # element by element, for a readable failure
@@ -172,6 +183,35 @@ def test_environment_and_hydra_interpolations_as_with_hydra(tmp_path) -> None:
     assert "job_3/.hydra/config.yaml" in seen["files"]
 
 
+def test_environment_and_chdir_read_as_hydra_reads_them(tmp_path) -> None:
+    """``env_set`` and ``chdir`` come from the Hydra config's own copy: ``${hydra:}`` and
+    references inside ``hydra`` resolve, references into the job's config do not."""
+    seen = _compare(lambda: _job(tmp_path, f"+hydra.job.env_set.{ENV_KEY}=${{hydra.job.name}}",
+                                 "hydra.job.chdir=${hydra:job.num}"))
+    assert seen["seen"][1][5] == "sweep" and seen["working_dir"].endswith("3")
+    seen = _compare(lambda: _job(tmp_path, f"+hydra.job.env_set.{ENV_KEY}=${{workload.rate}}"))
+    assert seen["raised"][0] == "InterpolationKeyError" and seen["restored"]
+
+
+def test_a_failing_callback_as_with_hydra(tmp_path) -> None:
+    seen = _compare(lambda: _job(tmp_path, "hydra.job.chdir=true"), fail_start=True)
+    assert seen["raised"] == ("RuntimeError", "a callback failed") and seen["restored"]
+
+
+def test_an_unpicklable_value_is_deep_copied_as_with_hydra(tmp_path) -> None:
+    """A value pickling does not take (an object in an ``allow_objects`` config). No config
+    files: libyaml writes the object's tag URI-escaped (``%3Clambda%3E``)."""
+    def with_object() -> DictConfig:
+        cfg = _job(tmp_path, "hydra.output_subdir=null")
+        cfg._set_flag("allow_objects", True)
+        with open_dict(cfg):
+            cfg.handle = lambda: None
+        return cfg
+
+    seen = _compare(with_object)
+    assert seen["status"] == JobStatus.COMPLETED
+
+
 def test_the_pre_1_2_working_directory_default_is_hydras(tmp_path) -> None:
     """``chdir`` unset under ``version_base`` 1.1: Hydra warns and enters the directory."""
     base = version.getbase()
@@ -212,3 +252,44 @@ def test_any_text_reads_back_as_written(tree: dict) -> None:
     """libyaml's text reads back as the same values, for any text in keys and values
     (PyYAML's emitter's does not always: it writes NEL raw into a single-quoted scalar)."""
     assert yaml.safe_load(job_run.yaml_text(tree)) == tree
+
+
+ACTOR_FIRST_JOB = r"""
+import pickle, sys
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.singleton import Singleton
+from hydra.types import RunMode
+from hydra_plugins.ray_actor_launcher._actor import pickle_config
+from hydra_plugins.ray_actor_launcher.compose import copy_config
+from sweep.schema import register
+register()
+with initialize_config_dir(config_dir=sys.argv[1], version_base="1.3"):
+    loader = GlobalHydra.instance().config_loader()
+    blob = pickle_config(loader.load_configuration("config", ["+experiment=mem_util_grid"],
+                                                   RunMode.MULTIRUN))
+    state = Singleton.get_state()
+early = pickle.loads(blob)  # as Ray unpickles a call's arguments
+Singleton.set_state(state)  # the actor's first job: Hydra's plugins scanned again
+try:
+    copy_config(early)
+    print("early: copied")
+except pickle.PicklingError:
+    print("early: PicklingError")
+copy_config(pickle.loads(blob))  # the actor's way: unpickled after the state
+print("late: copied")
+"""
+
+
+def test_a_config_unpickled_after_hydras_state_copies() -> None:
+    """Why the actor unpickles a job's config itself, after ``Singleton.set_state``: the
+    plugin scan that installing the state runs redefines the plugins' classes, and a config
+    unpickled before it no longer pickles (in a fresh process, as an actor's first job)."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", ACTOR_FIRST_JOB, str(repo / "conf")],
+                          cwd=repo, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:2] == ["early: PicklingError", "late: copied"]

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import profiles.bundle as bundle_mod
 from profiles.bundle import (
@@ -18,6 +20,7 @@ from profiles.bundle import (
     us_to_ns,
     variant_name,
 )
+from tests.conftest import shared_data_dir
 
 DENSE_LAYERS = ("embedding", "layernorm", "qkv_proj", "rotary_emb", "o_proj", "gate_up_proj",
                 "act_fn", "down_proj", "final_layernorm")
@@ -545,3 +548,79 @@ def test_a_quoted_cell_holding_the_delimiter_is_one_cell_as_the_row_reader_reads
     path.write_text('layer,tokens,time_us,note\nqkv_proj,4,"a,b"\n')  # three cells for four
     with pytest.raises(BundleError, match=r"dense\.csv:2: 3 fields, header has 4"):
         bundle_mod._read_numeric_csv(path, TABLE_COLUMNS["dense.csv"], "fix")
+
+
+# ------------------------------------------------- attention.csv indexed in one pass (oracle)
+
+
+def _attention_by_curve(path: Path) -> bundle_mod.AttentionTable:
+    """The attention table as ``Curve.build`` makes it curve by curve: the definition the
+    one-pass ``_load_attention`` must equal."""
+    cols = {"prefill_chunk": "int", "kv_prefill": "int", "n_decode": "int", "kv_decode": "int",
+            "time_us": "time"}
+    data = bundle_mod._read_numeric_csv(path, cols, "fix")
+    ns = bundle_mod.us_to_ns(np.asarray(data["time_us"])).tolist()
+    grouped: dict[tuple[int, int], dict[int, tuple[list[int], list[int]]]] = {}
+    for pc, kp, nd, kv, v in zip(data["prefill_chunk"], data["kv_prefill"], data["n_decode"],
+                                 data["kv_decode"], ns, strict=True):
+        ks, vs = grouped.setdefault((pc, nd), {}).setdefault(kp, ([], []))
+        ks.append(kv)
+        vs.append(v)
+    slices = {pair: bundle_mod.AttentionSlice(
+        kp=tuple(sorted(rows)), rows=tuple(Curve.build(*rows[k]) for k in sorted(rows)))
+        for pair, rows in grouped.items()}
+    pairs = tuple(sorted(slices))
+    nd_by_pc: dict[int, list[int]] = {}
+    for pc, nd in pairs:
+        nd_by_pc.setdefault(pc, []).append(nd)
+    return bundle_mod.AttentionTable(
+        pc_axis=tuple(sorted({p for p, _ in pairs})), nd_axis=tuple(sorted({n for _, n in pairs})),
+        slices=slices, pairs=pairs, nd_by_pc={p: tuple(n) for p, n in nd_by_pc.items()})
+
+
+def assert_same_attention(fast: bundle_mod.AttentionTable,
+                          slow: bundle_mod.AttentionTable) -> None:
+    assert (fast.pc_axis, fast.nd_axis, fast.pairs) == (slow.pc_axis, slow.nd_axis, slow.pairs)
+    assert fast.nd_by_pc == slow.nd_by_pc and list(fast.nd_by_pc) == list(slow.nd_by_pc)
+    assert list(fast.slices) == list(slow.slices)  # the file's order of first appearance
+    for pair, want in slow.slices.items():
+        got = fast.slices[pair]
+        assert got.kp == want.kp and len(got.rows) == len(want.rows)
+        for a, b in zip(got.rows, want.rows, strict=True):
+            assert (a.xs, a.ys) == (b.xs, b.ys)
+            assert a.keys.dtype == b.keys.dtype == np.int64 == a.values.dtype
+            assert a.keys.tolist() == b.keys.tolist() and a.values.tolist() == b.values.tolist()
+            assert a.keys.flags.c_contiguous and a.values.flags.c_contiguous
+
+
+rows_strategy = st.lists(
+    st.tuples(st.sampled_from([0, 16, 512]), st.sampled_from([0, 1, 2048]),
+              st.sampled_from([0, 1, 8]), st.integers(0, 40),
+              st.floats(0.001, 1e4, allow_nan=False)),
+    min_size=1, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows_strategy)
+def test_attention_in_one_pass_equals_curve_by_curve(tmp_path_factory, rows) -> None:
+    """Any attention.csv: shuffled rows, duplicated keys (the file's first kept), pairs in
+    any order of first appearance."""
+    path = tmp_path_factory.mktemp("attn") / "attention.csv"
+    path.write_text("prefill_chunk,kv_prefill,n_decode,kv_decode,time_us\n" + "".join(
+        f"{pc},{kp},{nd},{kv},{t!r}\n" for pc, kp, nd, kv, t in rows))
+    assert_same_attention(bundle_mod._load_attention(path), _attention_by_curve(path))
+
+
+def test_attention_of_real_bundles_in_one_pass(tmp_path: Path) -> None:
+    """Every attention.csv of the measured bundles (``$SERVESWEEP_DATA``, when present) and
+    of a generated roofline bundle, as curve by curve."""
+    from profiles.catalog import load_hardware, load_model
+    from profiles.roofline.generate import ensure_bundle
+
+    vdir = ensure_bundle(load_hardware("L40S"), load_model("meta-llama/Llama-3.1-8B"), 1,
+                         cache=tmp_path)
+    paths = sorted(vdir.glob("tp*/attention.csv"))
+    paths += sorted((shared_data_dir() / "llmservingsim" / "profiles").glob("**/attention.csv"))
+    assert paths
+    for path in paths:
+        assert_same_attention(bundle_mod._load_attention(path), _attention_by_curve(path))

@@ -87,8 +87,9 @@ def task_config(cfg: DictConfig) -> dict[str, Any]:
 
 def config_yaml(point: dict[str, Any]) -> str:
     """``point`` (a ``task_config``) as YAML, the text ``OmegaConf.to_yaml`` gives for it
-    (OmegaConf's representer and options, emitted by libyaml: ``job_run.yaml_text``, which
-    also writes each job's ``.hydra`` files), without building a config from the dict."""
+    but for the forms of some text (``job_run.yaml_text``: OmegaConf's representer and
+    options, emitted by libyaml; it also writes each job's ``.hydra`` files), without
+    building a config from the dict."""
     return yaml_text(point)
 
 

@@ -20,10 +20,11 @@ Hydra 1.3's ``hydra.core.utils.run_job`` prepares a job around the task function
 environment, working directory and log files, the callbacks get the same arguments, and the
 ``JobReturn`` and the three files are the same (checked against Hydra's ``run_job`` in
 ``tests/hydra_plugins/test_job_run.py``, successful and failing tasks, with and without
-``chdir`` and ``output_subdir``). On a ``mem_util_grid`` job (240 config nodes, 146 of them
-Hydra's), Hydra's ``run_job`` costs 38 ms of the actor's CPU a job around a task that does
-nothing, and this one 21 ms (``python benchmarks/job_run.py``), against a bare
-``run_point`` of 60-100 ms. The differences, measured on the 2-core machine:
+``chdir`` and ``output_subdir``). On a ``mem_util_grid`` job (about 235 config nodes, 141 of
+them Hydra's), Hydra's ``run_job`` costs 38 ms of the actor's CPU a job around a task that
+does nothing, and this one 21 ms (``python benchmarks/job_run.py``), against a bare
+``run_point`` of 60-110 ms. The differences (each operation timed on its own, on the 2-core
+machine, so they do not add up to the total exactly):
 
 * Hydra installs the config twice, before and after setting the output directory, and each
   install copies the ``hydra`` node (``OmegaConf.masked_copy``, 4.4 ms). Here it is
@@ -37,14 +38,16 @@ nothing, and this one 21 ms (``python benchmarks/job_run.py``), against a bare
   (``detached_copy``). Like Hydra, the job's ``hydra.job.chdir`` and ``env_set`` are read
   from that copy.
 * The three files are emitted by libyaml (``yaml.CDumper`` with OmegaConf's representer of
-  strings): 13 ms → 5 ms. The bytes are ``OmegaConf.to_yaml``'s for printable text of
-  Unicode's basic plane: every sweep experiment's configs (``tests/hydra_plugins/
-  test_job_run.py``) and random points (``tests/sweep/test_recorder.py``). Control
-  characters, characters beyond the basic plane, empty keys, keys of 128 UTF-8 bytes or
-  more (PyYAML counts characters) and the tags of Python objects libyaml writes in other
-  valid forms (escapes, ``? key`` entries, URI-escaped tags). libyaml's text reads back as the values written, for any text
-  (``tests/hydra_plugins/test_job_run.py``); PyYAML's does not always (a NEL written raw
-  into a single-quoted scalar reads back as a space). Without libyaml
+  strings): 13 ms → 5 ms. The bytes are ``OmegaConf.to_yaml``'s for every sweep
+  experiment's configs (``tests/hydra_plugins/test_job_run.py``) and for random points of
+  short keys and printable text of Unicode's basic plane (``tests/sweep/test_recorder.py``).
+  libyaml writes some text in other valid forms: NEL and other control characters and
+  characters beyond the basic plane (escapes), empty keys and long keys (``? key`` entries:
+  PyYAML's emitter from 123 characters, libyaml above 128 UTF-8 bytes), long double-quoted
+  strings (folded elsewhere) and the tags of Python objects (URI-escaped). libyaml's text
+  reads back as the values written, for any text (``tests/hydra_plugins/test_job_run.py``);
+  PyYAML's does not always (a NEL written raw into a single-quoted scalar reads back as a
+  space). Without libyaml
   the files are written by OmegaConf's own dumper. The sweep's recorder writes each
   point's ``config_resolved.yaml`` through the same ``yaml_text``.
 
@@ -97,8 +100,9 @@ _DUMPER = _libyaml_dumper()
 
 def yaml_text(container: Any) -> str:
     """Plain containers (a config's ``OmegaConf.to_container(..., enum_to_str=True)``) as
-    YAML the way ``OmegaConf.to_yaml`` writes them (its representer and options, keys in
-    order), emitted by libyaml where PyYAML has it."""
+    YAML with ``OmegaConf.to_yaml``'s representer and options (keys in order), emitted by
+    libyaml where PyYAML has it: ``OmegaConf.to_yaml``'s text but for the forms of some
+    text listed in the module's docstring."""
     dumper = get_omega_conf_dumper() if _DUMPER is None else _DUMPER
     text: str = yaml.dump(container, Dumper=dumper, default_flow_style=False,
                           allow_unicode=True, sort_keys=False)
@@ -106,7 +110,8 @@ def yaml_text(container: Any) -> str:
 
 
 def config_yaml(cfg: DictConfig | ListConfig) -> str:
-    """``OmegaConf.to_yaml(cfg)`` (unresolved, keys in order), emitted by libyaml."""
+    """``OmegaConf.to_yaml(cfg)`` (unresolved, keys in order), emitted by libyaml
+    (``yaml_text``)."""
     return yaml_text(OmegaConf.to_container(cfg, resolve=False, enum_to_str=True))
 
 

@@ -69,12 +69,13 @@ def main() -> None:
             from revision_tree import checkout
 
             trees[args.compare] = checkout(args.compare, Path(tmp) / "rev")
+        caches = {name: Path(tmp) / f"cache_{i}" for i, name in enumerate(trees)}
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
         for name, tree in trees.items():  # warm: generate the roofline bundle, fill caches
-            _measure(tree, Path(tmp) / f"cache_{len(runs[name])}_{name.replace(' ', '_')}")
+            _measure(tree, caches[name])
         for _ in range(args.repeat):
             for name, tree in trees.items():
-                runs[name].append(_measure(tree, Path(tmp) / f"cache_0_{name.replace(' ', '_')}"))
+                runs[name].append(_measure(tree, caches[name]))
     bundles = list(runs["this tree"][0])
     print(f"CPU ms to load a bundle in a fresh process, median of {args.repeat} (min..max)")
     print(f"  {'bundle':<58}" + "".join(f"{name:>22}" for name in trees))

@@ -168,6 +168,31 @@ def linear_y_labels(ticks: Sequence[float], py: Callable[[float], float], left: 
     return out
 
 
+def svg_open(width: float, height: float) -> list[str]:
+    """The opening of a chart's SVG: the XML declaration, the ``svg`` element (``width`` by
+    ``height`` points) and a white background."""
+    return ['<?xml version="1.0" encoding="utf-8" standalone="no"?>',
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}pt" height="{height}pt" '
+            f'viewBox="0 0 {width} {height}" version="1.1">',
+            f'<rect x="0" y="0" width="{width}" height="{height}" style="fill: #ffffff"/>']
+
+
+def axes_frame(left: float, top: float, width: float, height: float,
+               x_marks: Sequence[float], y_marks: Sequence[float],
+               group_id: str | None = None) -> list[str]:
+    """A plot's frame (``width`` by ``height`` from ``(left, top)``) in black with its tick
+    marks: one below the frame at each of ``x_marks`` and one left of it at each of
+    ``y_marks`` (positions in SVG units), as one group (with ``group_id``, if given)."""
+    bottom = top + height
+    marks = "".join(f"M {x:.2f} {bottom:.2f} v 3.5 " for x in x_marks)
+    marks += "".join(f"M {left:.2f} {y:.2f} h -3.5 " for y in y_marks)
+    group = f' id="{group_id}"' if group_id else ""
+    return [f'<g{group} style="stroke: #000000; stroke-width: 0.8">',
+            f'<rect x="{left:.2f}" y="{top:.2f}" width="{width:.2f}" height="{height:.2f}" '
+            'style="fill: none"/>',
+            f'<path d="{marks.strip()}"/></g>']
+
+
 def svg_text(x: float, y: float, s: str, *, anchor: str = "middle", size: float = 10,
           rotate: bool = False) -> str:
     transform = f' transform="rotate(-90 {x:.2f} {y:.2f})"' if rotate else ""
@@ -205,13 +230,7 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
 
     n = len(panels)
     height = (BOTTOM - TOP - GAP * (n - 1)) / n
-    out = [
-        '<?xml version="1.0" encoding="utf-8" standalone="no"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}pt" height="{HEIGHT}pt" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" version="1.1">',
-        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" style="fill: #ffffff"/>',
-        '<defs>',
-    ]
+    out = [*svg_open(WIDTH, HEIGHT), '<defs>']
     tops = [TOP + i * (height + GAP) for i in range(n)]
     for i, top in enumerate(tops):
         out.append(f'<clipPath id="panel{i}"><rect x="{LEFT:.2f}" y="{top:.2f}" '
@@ -234,13 +253,9 @@ def series_svg(series: Mapping[str, Sequence[float]], title: str,
                bottom: float = bottom) -> float:
             return bottom - (y - y_lo) * y_scale
 
-        out.append(f'<g id="panel{i}_axes" style="stroke: #000000; stroke-width: 0.8">')
-        out.append(f'<rect x="{LEFT:.2f}" y="{top:.2f}" width="{RIGHT - LEFT:.2f}" '
-                   f'height="{height:.2f}" style="fill: none"/>')
-        ticks = "".join(f"M {px(t):.2f} {bottom:.2f} v 3.5 " for t in x_ticks)
         y_ticks = nice_ticks(y_lo, y_hi, Y_TICKS)
-        ticks += "".join(f"M {LEFT:.2f} {py(t):.2f} h -3.5 " for t in y_ticks)
-        out.append(f'<path d="{ticks.strip()}"/></g>')
+        out.extend(axes_frame(LEFT, top, RIGHT - LEFT, height, [px(t) for t in x_ticks],
+                              [py(t) for t in y_ticks], f"panel{i}_axes"))
         out.extend(linear_y_labels(y_ticks, py, LEFT, top))
         out.append(svg_text(16, top + height / 2, panel.ylabel, rotate=True))
         if i == n - 1:

@@ -22,6 +22,7 @@ import pandas as pd
 
 from sweep.svg_series import (
     Line,
+    axes_frame,
     axis_limits,
     finite_runs,
     legend_box,
@@ -29,6 +30,7 @@ from sweep.svg_series import (
     linear_y_labels,
     nice_ticks,
     raised_power_text,
+    svg_open,
     svg_text,
     tick_label,
 )
@@ -96,10 +98,7 @@ def study_svg(table: pd.DataFrame, x: str, y: str, line: str | None, title: str,
         return BOTTOM - (v - y_lo) * y_scale
 
     out = [
-        '<?xml version="1.0" encoding="utf-8" standalone="no"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}pt" height="{HEIGHT}pt" '
-        f'viewBox="0 0 {WIDTH} {HEIGHT}" version="1.1">',
-        f'<rect x="0" y="0" width="{WIDTH}" height="{HEIGHT}" style="fill: #ffffff"/>',
+        *svg_open(WIDTH, HEIGHT),
         f'<defs><clipPath id="frame"><rect x="{LEFT:.2f}" y="{TOP:.2f}" '
         f'width="{RIGHT - LEFT:.2f}" height="{BOTTOM - TOP:.2f}"/></clipPath></defs>',
     ]
@@ -109,12 +108,8 @@ def study_svg(table: pd.DataFrame, x: str, y: str, line: str | None, title: str,
     grid += "".join(f"M {LEFT:.2f} {py(t):.2f} H {RIGHT:.2f} " for t in y_ticks)
     out.append(f'<path d="{grid.strip()}" style="stroke: #b0b0b0; stroke-width: 0.8; '
                'opacity: 0.3"/>')
-    ticks = "".join(f"M {px(t):.2f} {BOTTOM:.2f} v 3.5 " for t in x_ticks)
-    ticks += "".join(f"M {LEFT:.2f} {py(t):.2f} h -3.5 " for t in y_ticks)
-    out.append('<g style="stroke: #000000; stroke-width: 0.8">')
-    out.append(f'<rect x="{LEFT:.2f}" y="{TOP:.2f}" width="{RIGHT - LEFT:.2f}" '
-               f'height="{BOTTOM - TOP:.2f}" style="fill: none"/>')
-    out.append(f'<path d="{ticks.strip()}"/></g>')
+    out.extend(axes_frame(LEFT, TOP, RIGHT - LEFT, BOTTOM - TOP, [px(t) for t in x_ticks],
+                          [py(t) for t in y_ticks]))
     x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
     for t in x_ticks:
         text = categories[int(t)] if categories else tick_label(t, x_step)

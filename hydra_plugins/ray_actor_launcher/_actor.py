@@ -17,6 +17,7 @@ from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig
 
+from hydra_plugins.ray_actor_launcher.compose import PROTOCOL
 from hydra_plugins.ray_actor_launcher.job_run import run_job
 
 
@@ -30,7 +31,7 @@ def pickle_config(config: DictConfig) -> bytes:
     Hydra's plugins, which executes their modules again and so redefines their classes
     (``Plugins._scan_all_plugins``); a config Ray unpickled with the call's arguments, before
     that, would hold classes its copies by pickling (``job_run.run_job``) no longer find."""
-    return pickle.dumps(config, pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(config, PROTOCOL)
 
 
 class JobRunner:

@@ -43,7 +43,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-PROTOCOL = pickle.HIGHEST_PROTOCOL  # of the pickled configs (``copy_config``, ``JobComposer``)
+PROTOCOL = pickle.HIGHEST_PROTOCOL  # of the pickled configs (copy_config, JobComposer, _actor)
 
 
 class JobComposer:

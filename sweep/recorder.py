@@ -529,9 +529,10 @@ class SweepRecorder:
     def _log_run(self, idx: int, params: dict[str, Any], overrides: list[str],
                  value: dict[str, Any] | None, files: list[Path], status: str,
                  extra_tags: dict[str, str], complete: bool) -> str:
-        """One point's run (the claimed one, or a new one for a single run); it is set
-        ``FINISHED`` last, so a ``FINISHED`` run is complete (an infeasible point's run is
-        ``FINISHED`` too, tagged ``status=infeasible``: that is its answer). A point whose
+        """One point's run (the claimed one, or a new one for a single run): its artifacts
+        first, then its params, tags, metrics and end in one write, so a ``FINISHED`` run is
+        complete (an infeasible point's run is ``FINISHED`` too, tagged
+        ``status=infeasible``: that is its answer). A point whose
         files could not be written (``complete`` False) ends ``KILLED``: a rerun computes it
         again."""
         tr = self.tracker
@@ -542,18 +543,17 @@ class SweepRecorder:
             name = self._names.get(idx) or str(self.study["name"])
             run_id = tr.create_run(name, tags, parent_id=self.parent_id)
             tags = {}
-        # params, tags, metrics and the time series: one batched write (``Tracker.log_point``)
+        for path in files:
+            tr.log_artifact(run_id, path)
+        # params, tags, metrics, the time series and the end: one write (``Tracker.log_point``)
         series = (value.get("timeseries") or {}) if value is not None else {}
         charted, steps = (
             chart_series({k: v for k, v in series.items() if k != "t_s"}, series["t_s"],
                          self.tracking.get("timeseries_steps"))
             if self.tracking.get("timeseries") and series.get("t_s") else (None, None))
+        end = ("FAILED" if status == "failed" else "FINISHED") if complete else "KILLED"
         tr.log_point(run_id, params, value["metrics"] if value is not None else {}, tags,
-                     charted, steps)
-        for path in files:
-            tr.log_artifact(run_id, path)
-        tr.finish(run_id, ("FAILED" if status == "failed" else "FINISHED") if complete
-                  else "KILLED")
+                     charted, steps, status=end)
         if self.claims is not None:
             self.claims.release(run_id)
         if not complete:

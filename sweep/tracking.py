@@ -199,7 +199,7 @@ class Tracker:
             self._context_tags = _context_tags()
             if "mlflow.store.tracking.sqlalchemy_store" in sys.modules:  # maybe a SQL store
                 with long_lived():
-                    from sweep.metric_rows import sql_store
+                    from sweep.run_rows import sql_store
                 self._sql_store = sql_store(self.client)
         except Exception as err:  # first contact: one message, not MLflow's traceback chain
             raise TrackingError(
@@ -255,13 +255,16 @@ class Tracker:
     def log_point(self, run_id: str, params: Mapping[str, Any], metrics: Mapping[str, float],
                   tags: Mapping[str, str] | None = None,
                   series: Mapping[str, Iterable[float]] | None = None,
-                  steps: list[int] | None = None, prefix: str = "ts/") -> None:
-        """One point's params, tags, metrics and stepped series (``log_series``): params and
-        tags in as few ``log_batch`` calls as MLflow's batch limits allow (one for a typical
-        point), then every metric row in one write (``_log_metric_list``; into a store that
-        takes no rows, the metrics fill the params' and tags' batches). Each write is one
-        store transaction, retried on its own, so a retry never logs a value twice. ±inf
-        metrics go in as NaN with a ``nonfinite_metrics`` tag, as in ``log_metrics``."""
+                  steps: list[int] | None = None, prefix: str = "ts/",
+                  status: str | None = None) -> None:
+        """One point's params, tags, metrics and stepped series (``log_series``), and with
+        ``status`` its end (as ``finish``). Into a SQL store, all of it is one transaction
+        (``sweep.run_rows.write_run``), retried as a whole: a run is ``FINISHED`` with all
+        its data or not at all. Into another store, params and tags go in as few
+        ``log_batch`` calls as MLflow's batch limits allow, the metrics filling the batches'
+        room, then ``set_terminated``; each call is one store transaction retried on its own,
+        so a retry never logs a value twice. ±inf metrics go in as NaN with a
+        ``nonfinite_metrics`` tag, as in ``log_metrics``."""
         now = int(time.time() * 1000)
         values, replaced = finite_metrics(metrics)
         all_tags = dict(tags or {})
@@ -276,46 +279,59 @@ class Tracker:
                 for name, column in series.items()
                 for step, v in zip(steps, column, strict=True)
             ]
-        rows = self._rows_store() is not None
-        while param_items or tag_items or (metric_items and not rows):
+        if self._write_rows(run_id, param_items, tag_items, metric_items, status):
+            if status is not None:
+                self._artifact_uris.pop(run_id, None)
+            return
+        while param_items or tag_items or metric_items:
             batch_params, param_items = param_items[:MAX_PARAMS], param_items[MAX_PARAMS:]
             batch_tags, tag_items = tag_items[:MAX_TAGS], tag_items[MAX_TAGS:]
-            room = 0 if rows else min(MAX_METRICS,
-                                      MAX_ENTITIES - len(batch_params) - len(batch_tags))
+            room = min(MAX_METRICS, MAX_ENTITIES - len(batch_params) - len(batch_tags))
             batch_metrics, metric_items = metric_items[:room], metric_items[room:]
             self._batch(run_id, params=batch_params, tags=batch_tags, metrics=batch_metrics)
-        self._log_metric_list(run_id, metric_items)
+        if status is not None:
+            self.finish(run_id, status)
 
     def _rows_store(self) -> Any:
-        """The SQL store metric values go into as rows (``sweep.metric_rows``), or None: a
-        store that is not SQL, or an MLflow active model, whose metrics ``log_batch`` also
-        links to the model (the rows would not)."""
+        """The SQL store a run's rows go into (``sweep.run_rows``), or None: a store that is
+        not SQL, or an MLflow active model, whose metrics ``log_batch`` also links to the
+        model (the rows would not)."""
         if self._sql_store is None:
             return None
         from mlflow.tracking.fluent import get_active_model_id
 
         return None if get_active_model_id() else self._sql_store
 
-    def _log_metric_list(self, run_id: str, items: list[Metric]) -> None:
-        """``items`` into run ``run_id``: into a SQL store as rows in one transaction
-        (``_rows_store``; MLflow's ``log_batch`` costs ~150 µs a metric there), else, and for
-        rows a committed earlier attempt left in the store, through ``log_batch`` (which skips
-        those) in batches of MLflow's limit."""
-        if not items:
-            return
+    def _write_rows(self, run_id: str, params: list[Param], tags: list[RunTag],
+                    metrics: list[Metric], status: str | None = None) -> bool:
+        """Everything into run ``run_id`` as rows in one transaction (``_rows_store``), and
+        whether that was done: not for a store that takes no rows, nor when a committed
+        earlier attempt left some of the metric rows in the store (``log_batch`` then skips
+        those)."""
+        if not (params or tags or metrics or status):
+            return True
         store = self._rows_store()
-        if store is not None:
-            from sweep.metric_rows import AlreadyLogged, insert_metrics
+        if store is None:
+            return False
+        from sweep.run_rows import AlreadyLogged, write_run
 
-            def insert() -> bool:
-                try:
-                    insert_metrics(store, run_id, items)
-                except AlreadyLogged:
-                    return False
-                return True
+        end = None if status is None else (status, int(time.time() * 1000))
 
-            if self.retry.call(f"log {len(items)} metrics to run {run_id}", insert):
-                return
+        def write() -> bool:
+            try:
+                write_run(store, run_id, params=params, tags=tags, metrics=metrics, end=end)
+            except AlreadyLogged:
+                return False
+            return True
+
+        return self.retry.call(f"log {len(params)} params, {len(tags)} tags, "
+                               f"{len(metrics)} metrics to run {run_id}", write)
+
+    def _log_metric_list(self, run_id: str, items: list[Metric]) -> None:
+        """``items`` into run ``run_id``: as rows in one transaction (``_write_rows``), else
+        through ``log_batch`` in batches of MLflow's limit."""
+        if self._write_rows(run_id, [], [], items):
+            return
         for i in range(0, len(items), MAX_METRICS):
             self._batch(run_id, metrics=items[i : i + MAX_METRICS])
 

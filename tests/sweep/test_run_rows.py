@@ -1,4 +1,4 @@
-"""``sweep.metric_rows``: metrics written as rows into MLflow's SQL store read back exactly as
+"""``sweep.run_rows``: metrics written as rows into MLflow's SQL store read back exactly as
 after MLflow's own ``log_batch``; a run logged twice, a deleted run and a bad key."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import math
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
-from sweep.metric_rows import AlreadyLogged, insert_metrics, sql_store
+from sweep.run_rows import AlreadyLogged, sql_store, write_run
 from sweep.tracking import Tracker
 
 pytestmark = pytest.mark.filterwarnings(
@@ -56,13 +56,13 @@ def new_run(client: MlflowClient, experiment: str) -> str:
 
 
 def two_ways(client: MlflowClient, experiment: str, batches: list[list[Metric]]) -> None:
-    """Each batch in turn into one run through ``insert_metrics`` and into another through
+    """Each batch in turn into one run through ``write_run`` and into another through
     ``log_batch``; the two runs must read back the same."""
     store = sql_store(client)
     assert store is not None
     ours, theirs = new_run(client, experiment), new_run(client, experiment)
     for batch in batches:
-        insert_metrics(store, ours, batch)
+        write_run(store, ours, metrics=batch)
         client.log_batch(theirs, metrics=batch)
     assert_runs_equal(client, ours, theirs)
 
@@ -96,9 +96,9 @@ def test_rows_already_in_the_store_write_nothing_and_the_tracker_logs_the_rest(
     run = new_run(client, experiment)
     t = 1_700_000_000_000
     rows = [Metric("x", float(i), t, i) for i in range(5)]
-    insert_metrics(sql, run, rows[:3])
+    write_run(sql, run, metrics=rows[:3])
     with pytest.raises(AlreadyLogged):
-        insert_metrics(sql, run, rows)  # rows 0-2 are there: the whole write rolls back
+        write_run(sql, run, metrics=rows)  # rows 0-2 are there: the whole write rolls back
     assert len(client.get_metric_history(run, "x")) == 3
     tracker = Tracker(store, "rows")
     tracker._log_metric_list(run, rows)  # falls back to log_batch, which skips the three
@@ -112,12 +112,12 @@ def test_a_deleted_run_and_a_bad_key_are_refused_with_mlflows_errors(client, exp
     assert sql is not None
     run = new_run(client, experiment)
     with pytest.raises(MlflowException, match="Invalid value"):
-        insert_metrics(sql, run, [Metric("bad//key", 1.0, 0, 0)])
+        write_run(sql, run, metrics=[Metric("bad//key", 1.0, 0, 0)])
     with pytest.raises(MlflowException, match="valid double"):
-        insert_metrics(sql, run, [Metric("k", 1.0, 0, 0), Metric("k", "2", 0, 1)])  # type: ignore[arg-type]
+        write_run(sql, run, metrics=[Metric("k", 1.0, 0, 0), Metric("k", "2", 0, 1)])  # type: ignore[arg-type]
     client.delete_run(run)
     with pytest.raises(MlflowException, match="must be in the 'active' state"):
-        insert_metrics(sql, run, [Metric("k", 1.0, 0, 0)])
+        write_run(sql, run, metrics=[Metric("k", 1.0, 0, 0)])
     assert sql_store(MlflowClient("http://127.0.0.1:9")) is None  # an HTTP store: no rows
 
 
@@ -169,7 +169,7 @@ def test_with_an_active_model_the_tracker_logs_through_log_batch(store, monkeypa
     monkeypatch.setattr(fluent, "get_active_model_id", lambda: model.model_id)
     assert tracker._rows_store() is None
     calls = []
-    monkeypatch.setattr("sweep.metric_rows.insert_metrics",
+    monkeypatch.setattr("sweep.run_rows.write_run",
                         lambda *a: calls.append(a))  # must not be used
     run = tracker.create_run("p", {})
     batches = []
@@ -182,3 +182,122 @@ def test_with_an_active_model_the_tracker_logs_through_log_batch(store, monkeypa
     linked = tracker.client.get_logged_model(model.model_id).metrics
     assert sorted((m.key, m.step) for m in linked) == [("ts/running", 0), ("ts/running", 1),
                                                         ("ttft", 0)]
+
+
+# ------------------------------------------------------------------ params, tags and the end
+def read_run(client: MlflowClient, run_id: str) -> tuple:
+    """What the client reads of a run besides its metrics."""
+    run = client.get_run(run_id)
+    return (run.data.params, run.data.tags, run.info.status, run.info.end_time,
+            run.info.run_name)
+
+
+def both_ways(client: MlflowClient, experiment: str, writes: list[dict]) -> tuple[str, str]:
+    """Each write in turn into one run through ``write_run`` and into another through
+    ``log_batch`` then ``set_terminated``; the same outcome (error or not) for each write,
+    and the two runs read back the same."""
+    store = sql_store(client)
+    assert store is not None
+    ours, theirs = new_run(client, experiment), new_run(client, experiment)
+    for w in writes:
+        errors = []
+        for write in (
+            lambda w=w: write_run(store, ours, params=w["params"], tags=w["tags"],
+                                  metrics=w["metrics"], end=w["end"]),
+            lambda w=w: (client.log_batch(theirs, metrics=w["metrics"], params=w["params"],
+                                          tags=w["tags"]),
+                         w["end"] and client.set_terminated(theirs, *w["end"])),
+        ):
+            try:
+                write()
+                errors.append(None)
+            except MlflowException as err:
+                errors.append(err.error_code)
+        assert errors[0] == errors[1], (w, errors)
+        if errors[0] is not None:  # log_batch may have committed a part: start over
+            return both_ways(client, experiment, [x for x in writes if x is not w])
+    data = read_run(client, ours), read_run(client, theirs)
+    for run in data:  # a run's name is its name tag
+        assert run[1].pop("mlflow.runName") == run[4]
+    assert data[0][:4] == data[1][:4]
+    if any(t.key == "mlflow.runName" for w in writes for t in w["tags"]):
+        assert data[0][4] == data[1][4]
+    assert_runs_equal(client, ours, theirs)
+    return ours, theirs
+
+
+def test_params_tags_metrics_and_end_in_one_write_read_back_as_mlflows_own_calls(
+        client, experiment):
+    t = 1_700_000_000_000
+    first = {"params": [Param("a", "1"), Param("b.c", "x" * 7000)],  # truncated as MLflow does
+             "tags": [RunTag("t", "1"), RunTag("t", "2"), RunTag("u", "v")],  # the last wins
+             "metrics": [Metric("m", 1.0, t, 0), Metric("ts/s", math.inf, t, 3)],
+             "end": None}
+    second = {"params": [Param("a", "1"), Param("d", "")],  # a repeated param, same value
+              "tags": [RunTag("u", "w"), RunTag("mlflow.runName", "renamed")],
+              "metrics": [Metric("m", 2.0, t + 1, 0)],
+              "end": ("FINISHED", t + 10)}
+    ours, _ = both_ways(client, experiment, [first, second])
+    run = client.get_run(ours)
+    assert run.data.params["a"] == "1" and run.data.tags["u"] == "w"
+    assert run.info.status == "FINISHED" and run.info.end_time == t + 10
+    assert run.info.run_name == "renamed"
+
+
+def test_a_changed_param_a_bad_status_and_a_write_that_fails_change_nothing(client, experiment):
+    sql = sql_store(client)
+    assert sql is not None
+    run = new_run(client, experiment)
+    t = 1_700_000_000_000
+    write_run(sql, run, params=[Param("a", "1")], metrics=[Metric("m", 1.0, t, 0)])
+    before = read_run(client, run)
+    with pytest.raises(MlflowException, match="Changing param values is not allowed"):
+        write_run(sql, run, params=[Param("a", "2")], tags=[RunTag("x", "y")],
+                  end=("FINISHED", t))
+    with pytest.raises(MlflowException, match="Could not get run status"):
+        write_run(sql, run, tags=[RunTag("x", "y")], end=("DONE", t))
+    with pytest.raises(MlflowException, match="Duplicate parameter keys"):
+        write_run(sql, run, params=[Param("b", "1"), Param("b", "1")])
+    with pytest.raises(AlreadyLogged):  # the metric row is there: params, tags, end roll back
+        write_run(sql, run, params=[Param("c", "3")], tags=[RunTag("x", "y")],
+                  metrics=[Metric("m", 1.0, t, 0)], end=("FINISHED", t))
+    assert read_run(client, run) == before and before[2] == "RUNNING"
+
+
+params_st = st.lists(st.builds(Param, st.sampled_from(["p", "q", "r.s"]),
+                               st.sampled_from(["", "1", "2"])), max_size=4)
+tags_st = st.lists(st.builds(RunTag, st.sampled_from(["t", "u", "mlflow.runName"]),
+                             st.sampled_from(["a", "b"])), max_size=4)
+ends = st.one_of(st.none(), st.tuples(st.sampled_from(["FINISHED", "FAILED", "KILLED",
+                                                       "RUNNING"]),
+                                      st.integers(1, 10**13)))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.fixed_dictionaries({"params": params_st, "tags": tags_st,
+                                       "metrics": st.just([]), "end": ends}),
+                min_size=1, max_size=3))
+def test_any_params_tags_and_ends_read_back_as_after_mlflows_own_calls(client, experiment,
+                                                                       writes):
+    both_ways(client, experiment, writes)
+
+
+def test_a_tracker_logs_a_finished_point_in_one_store_session(store, monkeypatch):
+    tracker = Tracker(store, "rows")
+    run = tracker.create_run("p", {"h": "1"})
+    sessions = []
+    maker = tracker._sql_store.ManagedSessionMaker
+
+    def counting(*args, **kwargs):
+        sessions.append(kwargs)
+        return maker(*args, **kwargs)
+
+    monkeypatch.setattr(tracker._sql_store, "ManagedSessionMaker", counting)
+    tracker.log_point(run, {"a": 1}, {"ttft": 3.0}, {"h": "2", "t": "v"},
+                      {"running": [1.0, 2.0]}, [0, 1], status="FINISHED")
+    assert len(sessions) == 1
+    got = tracker.client.get_run(run)
+    assert got.info.status == "FINISHED" and got.info.end_time is not None
+    assert got.data.params == {"a": "1"} and got.data.tags["h"] == "2"
+    assert got.data.metrics == {"ttft": 3.0, "ts/running": 2.0}

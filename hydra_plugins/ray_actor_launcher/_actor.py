@@ -39,6 +39,7 @@ class JobRunner:
 
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self._state_key: str | None = None
+        self._shared: tuple[HydraContext, TaskFunction] | None = None
         for module in preload:  # warm up while the driver still prepares the sweep
             importlib.import_module(module)
 
@@ -48,18 +49,28 @@ class JobRunner:
     def run(
         self,
         idx: int,
-        hydra_context: HydraContext,
         pickled_config: bytes,
-        task_function: TaskFunction,
-        singleton_state: dict[Any, Any],
+        shared: list[Any],
         state_key: str,
     ) -> tuple[int, JobReturn]:
-        """Run job ``idx`` on its config (``pickled_config``, see ``pickle_config``); Hydra's
-        global state is installed once per ``state_key``."""
+        """Run job ``idx`` on its config (``pickled_config``, see ``pickle_config``).
+        ``shared`` holds the object refs of what every job of one launch (``state_key``)
+        shares: the Hydra context, the task function and Hydra's global state. Ray resolves
+        an object ref only where it is an argument itself, not inside a list, so they are
+        fetched and unpickled here once per launch instead of with every call (10-25 ms a
+        job: the context and the state hold Hydra's config repository and store); the
+        state is installed then. The context and the task function are reused by the
+        launch's later jobs on this actor, as Hydra's basic launcher reuses them for all
+        its jobs in one process."""
+        import ray
+
         setup_globals()
-        if state_key != self._state_key:  # the same for every job of one launch
+        if state_key != self._state_key or self._shared is None:
+            hydra_context, task_function, singleton_state = ray.get(shared)
             Singleton.set_state(singleton_state)
+            self._shared = hydra_context, task_function
             self._state_key = state_key
+        hydra_context, task_function = self._shared
         sweep_config = pickle.loads(pickled_config)  # after the state (pickle_config)
         # No HydraConfig.set_config here: run_job installs the job's config itself first
         # (job_run.py, as hydra/core/utils.py), and the config was composed in the driver.

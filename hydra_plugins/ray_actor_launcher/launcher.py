@@ -312,14 +312,13 @@ class RayActorLauncher(Launcher):
                 max_retries=int(self.params.max_retries),
                 ready_timeout_s=float(self.params.ready_timeout_s),
             )
-            ctx_ref = ray.put(self.hydra_context)
-            fn_ref = ray.put(self.task_function)
-            state_ref = ray.put(Singleton.get_state())
+            # fetched by each actor once (``JobRunner.run``), not resolved with every call
+            shared = [ray.put(self.hydra_context), ray.put(self.task_function),
+                      ray.put(Singleton.get_state())]
             state_key = uuid.uuid4().hex
 
             def submit(actor: Any, item: tuple[int, DictConfig]) -> Any:
-                return actor.run.remote(item[0], ctx_ref, pickle_config(item[1]), fn_ref,
-                                        state_ref, state_key)
+                return actor.run.remote(item[0], pickle_config(item[1]), shared, state_key)
 
             pool.health = self._cluster_health(ray)
             try:

@@ -215,7 +215,7 @@ class Claims:
                 elif OWNER_TAG in run.data.tags:
                     self._close(run.info.run_id)
             out: dict[Any, Decision] = {}
-            mine: dict[Any, str] = {}
+            claim: list[PointClaim] = []
             for p in points:
                 done = finished.get(p.config_hash)
                 if done is not None:
@@ -223,9 +223,14 @@ class Claims:
                 elif p.config_hash in live:
                     out[p.key] = Decision("wait")
                 else:
-                    run_id = self.tracker.create_run(
-                        p.name, {**p.tags, HASH_KEY: p.config_hash, **self.owner_tags()},
-                        parent_id=p.tags.get("mlflow.parentRunId"))
+                    claim.append(p)
+            mine: dict[Any, str] = {}
+            if claim:  # every claim in one write (``Tracker.create_runs``)
+                owner = self.owner_tags()
+                run_ids = self.tracker.create_runs([
+                    (p.name, {**p.tags, HASH_KEY: p.config_hash, **owner},
+                     p.tags.get("mlflow.parentRunId")) for p in claim])
+                for p, run_id in zip(claim, run_ids, strict=True):
                     self.hold(run_id)
                     mine[p.key] = run_id
             out.update(self._confirm(points, mine))

@@ -42,11 +42,12 @@ skips them.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.entities import LifecycleStage, Metric, Param, RunStatus, RunTag, SourceType
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.store.tracking.dbmodels.models import (
@@ -57,7 +58,9 @@ from mlflow.store.tracking.dbmodels.models import (
     SqlTag,
 )
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME
+from mlflow.utils.mlflow_tags import MLFLOW_RUN_NAME, MLFLOW_USER
+from mlflow.utils.name_utils import _generate_random_name
+from mlflow.utils.uri import append_to_uri_path
 from mlflow.utils.validation import (
     _validate_metric,
     _validate_param,
@@ -102,6 +105,52 @@ def metric_rows(store: SqlAlchemyStore, run_id: str,
             rows[ident] = {"key": key, "value": stored, "timestamp": metric.timestamp,
                            "step": metric.step, "is_nan": is_nan, "run_uuid": run_id}
     return list(rows.values())
+
+
+def create_runs(store: SqlAlchemyStore, experiment_id: str,
+                runs: Sequence[tuple[str, Mapping[str, str]]],
+                start_time: int) -> list[tuple[str, str]]:
+    """Create one run per ``(name, tags)`` in experiment ``experiment_id``, all in one
+    transaction, each as MLflow's ``create_run`` makes it (``SqlAlchemyStore.create_run``
+    with ``MlflowClient.create_run``'s user): a new uuid, the artifact location under the
+    experiment's, the name from ``name`` or the ``mlflow.runName`` tag (refused if they
+    differ) or a random one, which is also written as that tag, the user from the
+    ``mlflow.user`` tag, ``RUNNING`` from ``start_time`` (ms). Returns each run's id and
+    artifact URI, in order. Raises MLflow's errors for a missing or deleted experiment."""
+    experiment = store.get_experiment(experiment_id)
+    store._check_experiment_is_active(experiment)
+    made: list[tuple[str, str]] = []
+    run_rows: list[dict[str, Any]] = []
+    tag_rows: list[dict[str, Any]] = []
+    for name, given in runs:
+        tags = dict(given)
+        tagged = tags.get(MLFLOW_RUN_NAME)
+        if name and tagged and name != tagged:
+            raise MlflowException(  # SqlAlchemyStore.create_run's own message
+                "Both 'run_name' argument and 'mlflow.runName' tag are specified, but with "
+                f"different values (run_name='{name}', mlflow.runName='{tagged}').",
+                INVALID_PARAMETER_VALUE)
+        run_name = name or tagged or _generate_random_name()
+        tags.setdefault(MLFLOW_RUN_NAME, run_name)
+        run_id = uuid.uuid4().hex
+        artifact_uri = append_to_uri_path(experiment.artifact_location, run_id,
+                                          SqlAlchemyStore.ARTIFACTS_FOLDER_NAME)
+        run_rows.append({
+            "run_uuid": run_id, "name": run_name, "artifact_uri": artifact_uri,
+            "experiment_id": int(experiment_id),
+            "source_type": SourceType.to_string(SourceType.UNKNOWN), "source_name": "",
+            "entry_point_name": "", "user_id": tags.get(MLFLOW_USER, "unknown"),
+            "status": RunStatus.to_string(RunStatus.RUNNING), "start_time": start_time,
+            "end_time": None, "deleted_time": None, "source_version": "",
+            "lifecycle_stage": LifecycleStage.ACTIVE,
+        })
+        tag_rows += [{"key": k, "value": v, "run_uuid": run_id} for k, v in tags.items()]
+        made.append((run_id, artifact_uri))
+    if run_rows:
+        with store.ManagedSessionMaker(read_only=False) as session:
+            session.execute(sqlalchemy.insert(SqlRun.__table__), run_rows)
+            session.execute(sqlalchemy.insert(SqlTag.__table__), tag_rows)
+    return made
 
 
 def write_run(store: SqlAlchemyStore, run_id: str, *, params: Sequence[Param] = (),

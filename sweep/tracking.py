@@ -220,6 +220,26 @@ class Tracker:
         self._artifact_uris[run.info.run_id] = run.info.artifact_uri
         return run.info.run_id
 
+    def create_runs(self, runs: Sequence[tuple[str, Mapping[str, str], str | None]]
+                    ) -> list[str]:
+        """One run per ``(name, tags, parent_id)``, as ``create_run`` makes each; into a SQL
+        store all in one transaction (``sweep.run_rows.create_runs``), retried as a whole."""
+        if self._sql_store is None:
+            return [self.create_run(name, tags, parent_id) for name, tags, parent_id in runs]
+        from sweep.run_rows import create_runs
+
+        specs = []
+        for name, tags, parent_id in runs:
+            all_tags = {**self._context_tags, **tags}
+            if parent_id is not None:
+                all_tags["mlflow.parentRunId"] = parent_id
+            specs.append((name, all_tags))
+        start = int(time.time() * 1000)
+        made = self.retry.call(f"create {len(specs)} runs", lambda: create_runs(
+            self._sql_store, self.experiment_id, specs, start))
+        self._artifact_uris.update(made)
+        return [run_id for run_id, _ in made]
+
     def describe_experiment(self, text: str) -> None:
         """Set the experiment's description (shown by the MLflow UI)."""
         if text:

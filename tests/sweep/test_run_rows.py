@@ -301,3 +301,50 @@ def test_a_tracker_logs_a_finished_point_in_one_store_session(store, monkeypatch
     assert got.info.status == "FINISHED" and got.info.end_time is not None
     assert got.data.params == {"a": "1"} and got.data.tags["h"] == "2"
     assert got.data.metrics == {"ttft": 3.0, "ts/running": 2.0}
+
+
+# ------------------------------------------------------------------ runs created together
+def run_view(client: MlflowClient, run_id: str) -> tuple:
+    """A run as the client reads it, its id, name and times left out (they differ)."""
+    run = client.get_run(run_id)
+    info = run.info
+    tags = {k: v for k, v in run.data.tags.items() if k != "mlflow.runName"}
+    return (info.experiment_id, info.user_id, info.status, info.end_time,
+            info.lifecycle_stage, info.artifact_uri.replace(run_id, "<id>"), tags,
+            run.data.params, run.data.metrics, run.inputs.dataset_inputs)
+
+
+def test_runs_created_together_read_back_as_mlflows_create_run(client, experiment):
+    from sweep.run_rows import create_runs
+
+    sql = sql_store(client)
+    assert sql is not None
+    specs = [("a", {"x": "1", "mlflow.user": "ann"}), ("", {"mlflow.runName": "b"}),
+             ("", {}), ("c", {"mlflow.runName": "c", "mlflow.parentRunId": "p"})]
+    made = create_runs(sql, experiment, specs, 1_700_000_000_000)
+    assert len({run_id for run_id, _ in made}) == 4
+    for (name, tags), (run_id, uri) in zip(specs, made, strict=True):
+        theirs = client.create_run(experiment, tags=tags, run_name=name or None).info.run_id
+        assert run_view(client, run_id) == run_view(client, theirs)
+        ours = client.get_run(run_id)
+        assert ours.info.artifact_uri == uri
+        assert ours.info.start_time == 1_700_000_000_000
+        assert ours.info.run_name == ours.data.tags["mlflow.runName"]
+        assert ours.info.run_name == (name or tags.get("mlflow.runName") or ours.info.run_name)
+    with pytest.raises(MlflowException, match="Both 'run_name' argument and 'mlflow.runName'"):
+        create_runs(sql, experiment, [("a", {}), ("x", {"mlflow.runName": "y"})], 0)
+    assert len(client.search_runs([experiment])) == 8  # the refused batch wrote none
+    client.delete_experiment(experiment)
+    with pytest.raises(MlflowException, match="must be in the 'active' state"):
+        create_runs(sql, experiment, [("a", {})], 0)
+
+
+def test_a_tracker_creates_runs_together_as_one_by_one(store):
+    tracker = Tracker(store, "rows")
+    parent = tracker.create_run("parent", {})
+    together = tracker.create_runs([("p1", {"h": "1"}, parent), ("p2", {"h": "2"}, None)])
+    one_by_one = [tracker.create_run("p1", {"h": "1"}, parent),
+                  tracker.create_run("p2", {"h": "2"}, None)]
+    for ours, theirs in zip(together, one_by_one, strict=True):
+        assert run_view(tracker.client, ours) == run_view(tracker.client, theirs)
+        assert tracker._artifact_uris[ours] == tracker.client.get_run(ours).info.artifact_uri

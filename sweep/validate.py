@@ -265,7 +265,8 @@ def check_rest(cfg: DictConfig) -> None:
                                   and steps >= 1):
         raise _fail("tracking.timeseries_steps", steps,
                     "null (every second) or a whole number of steps >= 1")
-    problem = _store_problem(str(cfg.tracking.uri)) if cfg.tracking.uri else None
+    uri = cfg.tracking.uri  # read once: each read parses its ${oc.env:...} again
+    problem = _store_problem(str(uri)) if uri else None
     if problem:
         raise ConfigError(problem)
     gt = cfg.groundtruth.dir

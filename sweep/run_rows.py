@@ -10,7 +10,8 @@ reads the whole run back: 8 sessions and about 40 CPU-ms a point, with the rows 
 
 ``write_run`` writes the same rows into MLflow's own tables (the ``SqlParam``, ``SqlTag``,
 ``SqlMetric``, ``SqlLatestMetric`` and ``SqlRun`` models) in one session of MLflow's own
-session maker, with one statement per table, and with MLflow's own checks and rules:
+session maker (a read of what the run holds and one ``executemany`` insert per table, an
+update where a stored value changes), and with MLflow's own checks and rules:
 
 * the run exists and is active (``_get_run``, ``_check_run_is_active``);
 * params, tags and metric keys and values are valid (``_validate_param``, ``_validate_tag``,
@@ -97,7 +98,8 @@ def metric_rows(store: SqlAlchemyStore, run_id: str,
             _validate_metric(key, value, metric.timestamp, metric.step)
             checked.add(key)
         elif (not isinstance(value, numbers.Number) or isinstance(value, bool)
-              or not isinstance(metric.step, int) or not isinstance(metric.timestamp, int)):
+              or not isinstance(metric.step, int) or not isinstance(metric.timestamp, int)
+              or metric.timestamp < 0):
             _validate_metric(key, value, metric.timestamp, metric.step)  # raises MLflow's error
         is_nan, stored = store.sanitize_metric_value(value)
         ident = (key, metric.timestamp, metric.step, stored, is_nan)
@@ -107,22 +109,33 @@ def metric_rows(store: SqlAlchemyStore, run_id: str,
     return list(rows.values())
 
 
+def new_run_ids(count: int) -> list[str]:
+    """Ids for ``create_runs``, made as MLflow's ``create_run`` makes one (a uuid4's hex)."""
+    return [uuid.uuid4().hex for _ in range(count)]
+
+
 def create_runs(store: SqlAlchemyStore, experiment_id: str,
                 runs: Sequence[tuple[str, Mapping[str, str]]],
-                start_time: int) -> list[tuple[str, str]]:
+                start_time: int, run_ids: Sequence[str] | None = None,
+                ) -> list[tuple[str, str]]:
     """Create one run per ``(name, tags)`` in experiment ``experiment_id``, all in one
     transaction, each as MLflow's ``create_run`` makes it (``SqlAlchemyStore.create_run``
-    with ``MlflowClient.create_run``'s user): a new uuid, the artifact location under the
-    experiment's, the name from ``name`` or the ``mlflow.runName`` tag (refused if they
-    differ) or a random one, which is also written as that tag, the user from the
-    ``mlflow.user`` tag, ``RUNNING`` from ``start_time`` (ms). Returns each run's id and
-    artifact URI, in order. Raises MLflow's errors for a missing or deleted experiment."""
+    with ``MlflowClient.create_run``'s user): its id (``run_ids``, else ``new_run_ids``),
+    the artifact location under the experiment's, the name from ``name`` or the
+    ``mlflow.runName`` tag (refused if they differ) or a random one, which is also written
+    as that tag, the user from the ``mlflow.user`` tag, ``RUNNING`` from ``start_time``
+    (ms). Returns each run's id and artifact URI, in order. Given ids that the store holds
+    already (a retried call whose first attempt did commit) create nothing again. Raises
+    MLflow's errors for a missing or deleted experiment."""
+    ids = list(run_ids) if run_ids is not None else new_run_ids(len(runs))
+    if len(ids) != len(runs):
+        raise ValueError(f"{len(runs)} runs but {len(ids)} run ids")
     experiment = store.get_experiment(experiment_id)
     store._check_experiment_is_active(experiment)
     made: list[tuple[str, str]] = []
     run_rows: list[dict[str, Any]] = []
     tag_rows: list[dict[str, Any]] = []
-    for name, given in runs:
+    for (name, given), run_id in zip(runs, ids, strict=True):
         tags = dict(given)
         tagged = tags.get(MLFLOW_RUN_NAME)
         if name and tagged and name != tagged:
@@ -132,7 +145,6 @@ def create_runs(store: SqlAlchemyStore, experiment_id: str,
                 INVALID_PARAMETER_VALUE)
         run_name = name or tagged or _generate_random_name()
         tags.setdefault(MLFLOW_RUN_NAME, run_name)
-        run_id = uuid.uuid4().hex
         artifact_uri = append_to_uri_path(experiment.artifact_location, run_id,
                                           SqlAlchemyStore.ARTIFACTS_FOLDER_NAME)
         run_rows.append({
@@ -147,9 +159,13 @@ def create_runs(store: SqlAlchemyStore, experiment_id: str,
         tag_rows += [{"key": k, "value": v, "run_uuid": run_id} for k, v in tags.items()]
         made.append((run_id, artifact_uri))
     if run_rows:
+        table = SqlRun.__table__
         with store.ManagedSessionMaker(read_only=False) as session:
-            session.execute(sqlalchemy.insert(SqlRun.__table__), run_rows)
-            session.execute(sqlalchemy.insert(SqlTag.__table__), tag_rows)
+            stored = session.execute(sqlalchemy.select(table.c.run_uuid)
+                                     .where(table.c.run_uuid.in_(ids))).first()
+            if stored is None:  # else a committed earlier attempt created them
+                session.execute(sqlalchemy.insert(table), run_rows)
+                session.execute(sqlalchemy.insert(SqlTag.__table__), tag_rows)
     return made
 
 
@@ -175,8 +191,9 @@ def write_run(store: SqlAlchemyStore, run_id: str, *, params: Sequence[Param] = 
         if best is None or _order(row) > _order(best):
             latest[row["key"]] = row
     run_values: dict[str, Any] = {}
-    if MLFLOW_RUN_NAME in last_tags:
-        run_values["name"] = last_tags[MLFLOW_RUN_NAME]
+    run_name = last_tags.pop(MLFLOW_RUN_NAME, None)
+    if run_name:  # an empty name changes nothing, tag included (``update_run_info``)
+        run_values["name"] = last_tags[MLFLOW_RUN_NAME] = run_name
     if end is not None:
         run_values.update(status=status, end_time=end[1])
     try:
@@ -190,8 +207,8 @@ def write_run(store: SqlAlchemyStore, run_id: str, *, params: Sequence[Param] = 
                 session.execute(table.update().where(table.c.run_uuid == run_id)
                                 .values(**run_values))
     except MlflowException as err:  # the session maker wraps what went wrong in the session
-        if isinstance(err.__cause__, sqlalchemy.exc.IntegrityError):
-            raise AlreadyLogged(str(err.__cause__.orig)) from None
+        if isinstance(err.__cause__, AlreadyLogged):
+            raise err.__cause__ from None
         raise
 
 
@@ -243,7 +260,10 @@ def _write_metrics(session: Any, run_id: str, rows: list[dict[str, Any]],
                    latest: dict[str, dict[str, Any]]) -> None:
     if not rows:
         return
-    session.execute(sqlalchemy.insert(SqlMetric.__table__), rows)
+    try:
+        session.execute(sqlalchemy.insert(SqlMetric.__table__), rows)
+    except sqlalchemy.exc.IntegrityError as err:  # a row stored by an earlier attempt
+        raise AlreadyLogged(str(err.orig)) from None
     table = SqlLatestMetric.__table__
     stored = {r.key: r._asdict() for r in session.execute(
         sqlalchemy.select(table).where(table.c.run_uuid == run_id,

@@ -226,7 +226,7 @@ class Tracker:
         store all in one transaction (``sweep.run_rows.create_runs``), retried as a whole."""
         if self._sql_store is None:
             return [self.create_run(name, tags, parent_id) for name, tags, parent_id in runs]
-        from sweep.run_rows import create_runs
+        from sweep.run_rows import create_runs, new_run_ids
 
         specs = []
         for name, tags, parent_id in runs:
@@ -235,8 +235,9 @@ class Tracker:
                 all_tags["mlflow.parentRunId"] = parent_id
             specs.append((name, all_tags))
         start = int(time.time() * 1000)
+        ids = new_run_ids(len(specs))  # fixed across retries: a retry never makes twins
         made = self.retry.call(f"create {len(specs)} runs", lambda: create_runs(
-            self._sql_store, self.experiment_id, specs, start))
+            self._sql_store, self.experiment_id, specs, start, ids))
         self._artifact_uris.update(made)
         return [run_id for run_id, _ in made]
 

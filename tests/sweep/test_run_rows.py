@@ -170,7 +170,7 @@ def test_with_an_active_model_the_tracker_logs_through_log_batch(store, monkeypa
     assert tracker._rows_store() is None
     calls = []
     monkeypatch.setattr("sweep.run_rows.write_run",
-                        lambda *a: calls.append(a))  # must not be used
+                        lambda *a, **k: calls.append((a, k)))  # must not be used
     run = tracker.create_run("p", {})
     batches = []
     real = tracker.client.log_batch
@@ -267,7 +267,7 @@ def test_a_changed_param_a_bad_status_and_a_write_that_fails_change_nothing(clie
 params_st = st.lists(st.builds(Param, st.sampled_from(["p", "q", "r.s"]),
                                st.sampled_from(["", "1", "2"])), max_size=4)
 tags_st = st.lists(st.builds(RunTag, st.sampled_from(["t", "u", "mlflow.runName"]),
-                             st.sampled_from(["a", "b"])), max_size=4)
+                             st.sampled_from(["a", "b", ""])), max_size=4)
 ends = st.one_of(st.none(), st.tuples(st.sampled_from(["FINISHED", "FAILED", "KILLED",
                                                        "RUNNING"]),
                                       st.integers(1, 10**13)))
@@ -348,3 +348,85 @@ def test_a_tracker_creates_runs_together_as_one_by_one(store):
     for ours, theirs in zip(together, one_by_one, strict=True):
         assert run_view(tracker.client, ours) == run_view(tracker.client, theirs)
         assert tracker._artifact_uris[ours] == tracker.client.get_run(ours).info.artifact_uri
+
+
+def test_a_negative_timestamp_after_a_keys_first_value_is_refused_as_by_log_batch(
+        client, experiment):
+    sql = sql_store(client)
+    assert sql is not None
+    run = new_run(client, experiment)
+    bad = [Metric("k", 1.0, 0, 0), Metric("k", 2.0, -5, 1)]
+    with pytest.raises(MlflowException) as ours:
+        write_run(sql, run, metrics=bad)
+    with pytest.raises(MlflowException) as theirs:
+        client.log_batch(run, metrics=bad)
+    assert ours.value.error_code == theirs.value.error_code
+    assert client.get_metric_history(run, "k") == []
+
+
+def test_a_store_without_rows_gets_a_finished_point_through_mlflows_calls(store, monkeypatch):
+    tracker = Tracker(store, "rows")
+    monkeypatch.setattr(tracker, "_rows_store", lambda: None)
+    run = tracker.create_run("p", {})
+    tracker.log_point(run, {"a": 1}, {"ttft": 3.0}, {"t": "v"}, {"running": [1.0, 2.0]}, [0, 1],
+                      status="FAILED")
+    got = tracker.client.get_run(run)
+    assert got.info.status == "FAILED" and got.info.end_time is not None
+    assert got.data.params == {"a": "1"} and got.data.tags["t"] == "v"
+    assert got.data.metrics == {"ttft": 3.0, "ts/running": 2.0}
+
+
+def test_a_point_written_again_after_a_commit_ends_the_same(store, monkeypatch):
+    """A retry whose first attempt did commit: the metric rows are there, so the write rolls
+    back (``AlreadyLogged``) and the tracker logs through ``log_batch`` and
+    ``set_terminated``, which skip what is stored."""
+    import sweep.tracking as tracking
+
+    t = 1_700_000_000_000
+    monkeypatch.setattr(tracking.time, "time", lambda: t / 1000)  # the same timestamps
+    tracker = Tracker(store, "rows")
+    run = tracker.create_run("p", {})
+    point = ({"a": 1}, {"ttft": 3.0}, {"u": "v"}, {"running": [1.0, 2.0]}, [0, 1])
+    tracker.log_point(run, *point, status="FINISHED")
+    first = read_run(tracker.client, run), read_back(tracker.client, run)
+    assert not tracker._write_rows(run, [], [], [Metric("ttft", 3.0, t, 0)])  # rolled back
+    tracker.log_point(run, *point, status="FINISHED")
+    assert (read_run(tracker.client, run), read_back(tracker.client, run)) == first
+    assert first[0][2] == "FINISHED" and first[0][1]["u"] == "v"
+
+
+def test_runs_created_again_with_the_same_ids_are_not_created_twice(client, experiment):
+    from sweep.run_rows import create_runs, new_run_ids
+
+    sql = sql_store(client)
+    assert sql is not None
+    ids = new_run_ids(2)
+    specs = [("a", {"k": "1"}), ("b", {})]
+    first = create_runs(sql, experiment, specs, 5, ids)
+    assert create_runs(sql, experiment, specs, 5, ids) == first  # a retry after a commit
+    assert sorted(r.info.run_id for r in client.search_runs([experiment])) == sorted(ids)
+
+
+def test_the_tables_written_have_the_columns_the_rows_fill():
+    """The rows fill every column of MLflow's tables as MLflow 3.17-3.18 define them; a
+    later MLflow that adds one makes this fail, so the rows are checked against its
+    ``create_run`` / ``log_batch`` again before they are trusted."""
+    from mlflow.store.tracking.dbmodels.models import (
+        SqlLatestMetric,
+        SqlMetric,
+        SqlParam,
+        SqlRun,
+        SqlTag,
+    )
+
+    assert {t.name: set(t.columns.keys()) for t in (
+        SqlRun.__table__, SqlParam.__table__, SqlTag.__table__, SqlMetric.__table__,
+        SqlLatestMetric.__table__)} == {
+        "runs": {"run_uuid", "name", "source_type", "source_name", "entry_point_name",
+                 "user_id", "status", "start_time", "end_time", "deleted_time",
+                 "source_version", "lifecycle_stage", "artifact_uri", "experiment_id"},
+        "params": {"key", "value", "run_uuid"},
+        "tags": {"key", "value", "run_uuid"},
+        "metrics": {"key", "value", "timestamp", "run_uuid", "step", "is_nan"},
+        "latest_metrics": {"key", "value", "timestamp", "step", "is_nan", "run_uuid"},
+    }

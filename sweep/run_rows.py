@@ -181,8 +181,13 @@ def write_run(store: SqlAlchemyStore, run_id: str, *, params: Sequence[Param] = 
     checked_params = [_validate_param(p.key, p.value, path=f"params[{i}]")
                       for i, p in enumerate(params)]
     _validate_param_keys_unique(checked_params)
-    last_tags = {t.key: t.value for t in (_validate_tag(t.key, t.value, path=f"tags[{i}]")
-                                          for i, t in enumerate(tags))}
+    checked_tags = [_validate_tag(t.key, t.value, path=f"tags[{i}]")
+                    for i, t in enumerate(tags)]
+    last_tags = {t.key: t.value for t in checked_tags if t.key != MLFLOW_RUN_NAME}
+    # ``log_batch`` applies each ``mlflow.runName`` tag in turn through ``update_run_info``,
+    # where an empty name changes nothing (the tag included): the last non-empty one wins
+    run_name = next((t.value for t in reversed(checked_tags)
+                     if t.key == MLFLOW_RUN_NAME and t.value), None)
     status = None if end is None else _status(end[0])
     rows = metric_rows(store, run_id, metrics)
     latest: dict[str, dict[str, Any]] = {}
@@ -191,8 +196,7 @@ def write_run(store: SqlAlchemyStore, run_id: str, *, params: Sequence[Param] = 
         if best is None or _order(row) > _order(best):
             latest[row["key"]] = row
     run_values: dict[str, Any] = {}
-    run_name = last_tags.pop(MLFLOW_RUN_NAME, None)
-    if run_name:  # an empty name changes nothing, tag included (``update_run_info``)
+    if run_name is not None:
         run_values["name"] = last_tags[MLFLOW_RUN_NAME] = run_name
     if end is not None:
         run_values.update(status=status, end_time=end[1])

@@ -220,7 +220,7 @@ def both_ways(client: MlflowClient, experiment: str, writes: list[dict]) -> tupl
     for run in data:  # a run's name is its name tag
         assert run[1].pop("mlflow.runName") == run[4]
     assert data[0][:4] == data[1][:4]
-    if any(t.key == "mlflow.runName" for w in writes for t in w["tags"]):
+    if any(t.key == "mlflow.runName" and t.value for w in writes for t in w["tags"]):
         assert data[0][4] == data[1][4]
     assert_runs_equal(client, ours, theirs)
     return ours, theirs
@@ -234,7 +234,8 @@ def test_params_tags_metrics_and_end_in_one_write_read_back_as_mlflows_own_calls
              "metrics": [Metric("m", 1.0, t, 0), Metric("ts/s", math.inf, t, 3)],
              "end": None}
     second = {"params": [Param("a", "1"), Param("d", "")],  # a repeated param, same value
-              "tags": [RunTag("u", "w"), RunTag("mlflow.runName", "renamed")],
+              "tags": [RunTag("u", "w"), RunTag("mlflow.runName", "renamed"),
+                       RunTag("mlflow.runName", "")],  # an empty name changes nothing
               "metrics": [Metric("m", 2.0, t + 1, 0)],
               "end": ("FINISHED", t + 10)}
     ours, _ = both_ways(client, experiment, [first, second])

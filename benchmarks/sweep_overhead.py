@@ -1,7 +1,8 @@
 """What the sweep platform costs on top of the simulator, measured on fresh stores.
 
-Every measured run is the real command line in a subprocess, in a new temporary directory
-with a new MLflow sqlite store and a new sweep directory, so nothing is resumed: after each
+Every measured run is the real command line in a subprocess, run in a new temporary directory
+with a new MLflow sqlite store and a new sweep directory there (and MLflow's default artifact
+root, ``./mlruns``, so no run writes into the checkout), so nothing is resumed: after each
 sweep the benchmark checks that ``results.parquet`` holds one finished row per point, none
 ``resumed_from`` another run, and that the launcher logged ``N jobs done`` (a benchmark that
 ran 0 jobs once reported a 3.83x speed-up). Per implementation (this tree, and with
@@ -150,7 +151,9 @@ def run_sweep(tree: Path, work: Path, extra: list[str], multirun: bool,
             else [f"hydra.run.dir={out}"])
     log = (work / "log.txt").open("w")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree), stdout=log, stderr=subprocess.STDOUT)
+    # run in ``work``: a new experiment's artifacts go to ``./mlruns`` (MLflow's default
+    # artifact root), which must not be the checkout (``tree`` is on PYTHONPATH)
+    proc = subprocess.Popen(cmd, cwd=work, env=_env(tree), stdout=log, stderr=subprocess.STDOUT)
     meter = TreeMeter(proc.pid, rss_of)
     first = None
     log_path = work / "log.txt"
@@ -197,7 +200,7 @@ def run_probes(tree: Path, work: Path) -> dict[str, Any]:
            f"tracking.uri=sqlite:///{work}/mlflow.db", f"hydra.run.dir={work / 'out'}"]
     t0 = time.perf_counter()
     with (work / "log.txt").open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=tree, env=_env(tree), stdout=log,
+        proc = subprocess.Popen(cmd, cwd=work, env=_env(tree), stdout=log,  # as run_sweep
                                 stderr=subprocess.STDOUT)
         meter = TreeMeter(proc.pid, ("ProbeWorker",))
         proc.wait()

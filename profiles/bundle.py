@@ -427,8 +427,8 @@ def _load_attention(path: Path) -> AttentionTable:
     with its kv_decode curve. Each curve is what ``Curve.build`` makes of its rows (sorted by
     kv_decode, the first of a duplicated key kept) and the pairs keep the file's order of
     first appearance; the rows are sorted and split once for the whole table instead of
-    ``Curve.build`` per curve (2,042 curves in 180 pairs of a roofline bundle: numpy's per-call overhead
-    was most of a bundle's load)."""
+    ``Curve.build`` per curve (2,042 curves in 180 pairs of a roofline bundle: numpy's
+    per-call overhead was most of a bundle's load)."""
     cols = {"prefill_chunk": "int", "kv_prefill": "int", "n_decode": "int", "kv_decode": "int",
             "time_us": "time"}
     data = _read_numeric_csv(path, cols, _fix_hint(path))

@@ -532,9 +532,8 @@ class SweepRecorder:
         """One point's run (the claimed one, or a new one for a single run): its artifacts
         first, then its params, tags, metrics and end in one write, so a ``FINISHED`` run is
         complete (an infeasible point's run is ``FINISHED`` too, tagged
-        ``status=infeasible``: that is its answer). A point whose
-        files could not be written (``complete`` False) ends ``KILLED``: a rerun computes it
-        again."""
+        ``status=infeasible``: that is its answer). A point whose files could not be written
+        (``complete`` False) ends ``KILLED``: a rerun computes it again."""
         tr = self.tracker
         tags = {"job_num": str(idx), "status": status, "source": "sim",
                 "overrides": " ".join(overrides)[:5000], **extra_tags}

@@ -212,13 +212,18 @@ class Tracker:
         """A run with ``tags`` plus MLflow's standard ones (``mlflow.source.name``,
         ``mlflow.source.type``, ``mlflow.user``, ``mlflow.source.git.commit``, as MLflow's
         own context providers resolve them for this process)."""
-        all_tags = {**self._context_tags, **tags}
-        if parent_id is not None:
-            all_tags["mlflow.parentRunId"] = parent_id
+        all_tags = self._run_tags(tags, parent_id)
         run = self.retry.call(f"create run {name}", lambda: self.client.create_run(
             self.experiment_id, run_name=name, tags=all_tags))
         self._artifact_uris[run.info.run_id] = run.info.artifact_uri
         return run.info.run_id
+
+    def _run_tags(self, tags: Mapping[str, str], parent_id: str | None) -> dict[str, str]:
+        """A new run's tags: MLflow's context tags, ``tags``, and its parent's id."""
+        all_tags = {**self._context_tags, **tags}
+        if parent_id is not None:
+            all_tags["mlflow.parentRunId"] = parent_id
+        return all_tags
 
     def create_runs(self, runs: Sequence[tuple[str, Mapping[str, str], str | None]]
                     ) -> list[str]:
@@ -228,12 +233,7 @@ class Tracker:
             return [self.create_run(name, tags, parent_id) for name, tags, parent_id in runs]
         from sweep.run_rows import create_runs, new_run_ids
 
-        specs = []
-        for name, tags, parent_id in runs:
-            all_tags = {**self._context_tags, **tags}
-            if parent_id is not None:
-                all_tags["mlflow.parentRunId"] = parent_id
-            specs.append((name, all_tags))
+        specs = [(name, self._run_tags(tags, parent_id)) for name, tags, parent_id in runs]
         start = int(time.time() * 1000)
         ids = new_run_ids(len(specs))  # fixed across retries: a retry never makes twins
         made = self.retry.call(f"create {len(specs)} runs", lambda: create_runs(

@@ -38,8 +38,8 @@ class JobRunner:
     """Runs one Hydra job at a time (the actor is created with ``max_concurrency=1``)."""
 
     def __init__(self, preload: tuple[str, ...] = ()) -> None:
-        self._state_key: str | None = None
-        self._shared: tuple[HydraContext, TaskFunction] | None = None
+        # the launch's state key, Hydra context and task function (``run``)
+        self._launch: tuple[str, HydraContext, TaskFunction] | None = None
         for module in preload:  # warm up while the driver still prepares the sweep
             importlib.import_module(module)
 
@@ -65,12 +65,11 @@ class JobRunner:
         import ray
 
         setup_globals()
-        if state_key != self._state_key or self._shared is None:
+        if self._launch is None or self._launch[0] != state_key:
             hydra_context, task_function, singleton_state = ray.get(shared)
             Singleton.set_state(singleton_state)
-            self._shared = hydra_context, task_function
-            self._state_key = state_key
-        hydra_context, task_function = self._shared
+            self._launch = state_key, hydra_context, task_function
+        _, hydra_context, task_function = self._launch
         sweep_config = pickle.loads(pickled_config)  # after the state (pickle_config)
         # No HydraConfig.set_config here: run_job installs the job's config itself first
         # (job_run.py, as hydra/core/utils.py), and the config was composed in the driver.

@@ -156,25 +156,21 @@ def test_a_store_made_read_only_mid_sweep_is_counted_not_reported_as_success(tmp
     # from the first result on, every write of a run's data is refused: log_batch, and the
     # rows a SQL store takes in one transaction
     read_only = threading.Event()
-    batch, rows = tracking.Tracker._batch, tracking.Tracker._write_rows
     job_done = recorder_mod.SweepRecorder.job_done
 
-    def refusing_batch(self, run_id, **items):
-        if read_only.is_set():
-            raise tracking.TrackingWriteError("attempt to write a readonly database")
-        return batch(self, run_id, **items)
-
-    def refusing_rows(self, run_id, *args, **kwargs):
-        if read_only.is_set():
-            raise tracking.TrackingWriteError("attempt to write a readonly database")
-        return rows(self, run_id, *args, **kwargs)
+    def refusing(write):
+        def refused(self, *args, **kwargs):
+            if read_only.is_set():
+                raise tracking.TrackingWriteError("attempt to write a readonly database")
+            return write(self, *args, **kwargs)
+        return refused
 
     def first_result_locks(self, idx, cfg, ret):
         read_only.set()
         return job_done(self, idx, cfg, ret)
 
-    monkeypatch.setattr(tracking.Tracker, "_batch", refusing_batch)
-    monkeypatch.setattr(tracking.Tracker, "_write_rows", refusing_rows)
+    for name in ("_batch", "_write_rows"):
+        monkeypatch.setattr(tracking.Tracker, name, refusing(getattr(tracking.Tracker, name)))
     monkeypatch.setattr(recorder_mod.SweepRecorder, "job_done", first_result_locks)
     with pytest.raises(SystemExit, match=r"3 point\(s\) missing from MLflow \(the sweep's "
                                          r"parent run not closed\)"):
